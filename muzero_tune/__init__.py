@@ -1,0 +1,1 @@
+"""muzero_tune: MuZero-family training with sync and async segment pipelines."""

@@ -1,0 +1,608 @@
+"""The experiment configuration: one frozen dataclass tree, presets as data, dotted overrides, validation.
+
+This module owns every setting the library reads. Each field carries a one-line doc (``--help`` and the
+README are generated from it) and its allowed range. Every way of changing a setting -- a preset, a YAML
+file, ``--set key=value`` on the command line, a Tune ``param_space`` -- goes through :func:`apply_overrides`,
+and :func:`validate` runs before any environment, process or network is created. A bad value stops the run
+with a :class:`ConfigError` naming the dotted key, the value and what is allowed.
+
+It must never import torch, Ray or gymnasium at module load: the CLI's ``--help`` and validation stay fast.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+POLICY_TYPES = (
+    "muzero",
+    "muzero_context",
+    "muzero_rnn_full_obs",
+    "efficientzero",
+    "sampled_efficientzero",
+    "sampled_muzero",
+    "gumbel_muzero",
+    "stochastic_muzero",
+    "unizero",
+    "sampled_unizero",
+)
+
+
+class ConfigError(ValueError):
+    """A setting is unknown or out of range; raised before any work starts."""
+
+    def __init__(self, key: str, value: Any, allowed: str):
+        self.key, self.value, self.allowed = key, value, allowed
+        super().__init__(f"config key '{key}' = {value!r} is invalid: {allowed}")
+
+
+def param(
+    default: Any = dataclasses.MISSING,
+    doc: str = "",
+    *,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    lt: float | None = None,
+    choices: tuple | None = None,
+    default_factory: Any = dataclasses.MISSING,
+) -> Any:
+    """A dataclass field with its doc line and its allowed range (checked by :func:`validate`)."""
+    meta = {"doc": doc, "ge": ge, "gt": gt, "le": le, "lt": lt, "choices": choices}
+    if default_factory is not dataclasses.MISSING:
+        return field(default_factory=default_factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+# ---------------------------------------------------------------------------------------------- sections
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    """Which environment, how its frames are preprocessed, and how many copies run."""
+
+    env_id: str = param("CartPole-v1", "gymnasium id: classic control (CartPole-v1, ...) or ALE/<Game>-v5")
+    frame_stack: int = param(1, "frames stacked into one model input (Atari: 4)", ge=1, le=32)
+    frame_size_px: int = param(64, "Atari frame side after resizing, pixels", choices=(64, 96))
+    grayscale: bool = param(True, "Atari: grayscale frames (False: RGB)")
+    sticky_action_prob: float = param(0.25, "Atari v5 sticky-action probability", ge=0.0, le=1.0)
+    noop_max: int = param(30, "Atari: up to this many no-op actions at reset", ge=0)
+    clip_rewards: bool = param(False, "Atari: clip rewards to their sign for training")
+    episodic_life: bool = param(False, "Atari: a lost life ends the training episode")
+    max_episode_steps: int | None = param(None, "cap on agent steps per episode (None: the env's own)", ge=1)
+    collector_env_num: int = param(8, "environments stepped together by one collector", ge=1, le=4096)
+    evaluator_env_num: int = param(8, "environments stepped together by one evaluator", ge=1, le=4096)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The MuZero network: representation, dynamics and prediction functions."""
+
+    kind: str = param("mlp", "network family: mlp (vector observations) or conv (images)", choices=("mlp", "conv"))
+    latent_dim: int = param(64, "mlp: size of the hidden state", ge=1)
+    hidden_dim: int = param(128, "mlp: width of hidden layers", ge=1)
+    num_hidden_layers: int = param(1, "mlp: hidden layers per function", ge=1, le=16)
+    num_channels: int = param(64, "conv: channels of the hidden state", ge=1)
+    num_res_blocks: int = param(1, "conv: residual blocks per stage", ge=1, le=32)
+    downsample: bool = param(True, "conv: downsample 64/96 px frames to a 4x4/6x6 hidden state")
+    value_support_size: int = param(300, "value is categorical over integer bins -S..S of h(value)", ge=1)
+    reward_support_size: int = param(300, "reward is categorical over integer bins -S..S of h(reward)", ge=1)
+    projection_dim: int = param(128, "width of the SSL projection head", ge=1)
+
+
+@dataclass(frozen=True)
+class MctsConfig:
+    """The tree search run at every collect and evaluation step (and for reanalyze)."""
+
+    num_simulations: int = param(25, "simulations per search", ge=1, le=10_000)
+    pb_c_base: float = param(19652.0, "pUCT c2", gt=0.0)
+    pb_c_init: float = param(1.25, "pUCT c1", ge=0.0)
+    discount: float = param(0.997, "discount factor gamma, in search and value targets", gt=0.0, le=1.0)
+    root_dirichlet_alpha: float = param(0.3, "Dirichlet noise concentration at the root when collecting", gt=0.0)
+    root_noise_weight: float = param(0.25, "weight of the root Dirichlet noise when collecting", ge=0.0, le=1.0)
+    value_delta_max: float = param(0.01, "smallest min-max range used to normalise Q", ge=0.0)
+    deterministic_eval: bool = param(True, "evaluation breaks score ties by the lowest action index")
+
+
+@dataclass(frozen=True)
+class CollectConfig:
+    """How collectors turn search results into actions."""
+
+    temperature: float = param(0.25, "visit-count temperature for sampling actions (fixed)", gt=0.0)
+    temperature_decay: bool = param(
+        False, "decay temperature 1.0 -> 0.5 -> 0.25 at 50% / 75% of temperature_decay_train_iter"
+    )
+    temperature_decay_train_iter: int = param(100_000, "train_iter horizon of the temperature decay", ge=1)
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """Game segments, the prioritized replay buffer, targets and reanalyze."""
+
+    capacity_transitions: int = param(1_000_000, "real transitions kept; oldest segments are evicted", ge=1)
+    game_segment_length: int = param(50, "real transitions per game segment", ge=1)
+    num_unroll_steps: int = param(5, "K: dynamics steps unrolled per training sample", ge=1, le=64)
+    td_steps: int = param(10, "n of the n-step value target", ge=1)
+    use_priority: bool = param(True, "prioritized replay (else uniform)")
+    priority_alpha: float = param(0.6, "PER exponent alpha", ge=0.0)
+    priority_beta: float = param(0.4, "PER importance-weight exponent beta", ge=0.0, le=1.0)
+    use_max_priority_for_new_data: bool = param(
+        True, "new transitions get the buffer's max priority (else |root value - predicted value|)"
+    )
+    reanalyze_ratio: float = param(
+        0.0, "fraction of each sampled batch whose policy targets are re-searched with the target model",
+        ge=0.0, le=1.0,
+    )
+    buffer_reanalyze_freq: float = param(
+        0.0, "buffer reanalyze calls per collect epoch (<1: once every 1/freq epochs; 0: off)", ge=0.0
+    )
+    reanalyze_batch_size: int = param(160, "segments positions re-searched per buffer reanalyze call", ge=1)
+    reanalyze_partition: float = param(
+        0.75, "buffer reanalyze draws from this oldest fraction of the buffer", gt=0.0, le=1.0
+    )
+
+
+@dataclass(frozen=True)
+class LearnConfig:
+    """The learner: losses, optimizer, schedule, target network and the train/collect ratio."""
+
+    batch_size: int = param(256, "samples per train step", ge=1)
+    optimizer: str = param("adam", "optimizer", choices=("adam", "adamw", "sgd"))
+    learning_rate: float = param(3e-3, "initial learning rate", gt=0.0)
+    momentum: float = param(0.9, "sgd momentum", ge=0.0, lt=1.0)
+    weight_decay: float = param(1e-4, "L2 weight decay", ge=0.0)
+    lr_schedule: str = param(
+        "constant", "learning-rate schedule", choices=("constant", "piecewise", "cosine")
+    )
+    lr_milestones: tuple[int, ...] = param(
+        (100_000, 200_000), "piecewise: train_iter milestones where the lr is multiplied by lr_decay_factor"
+    )
+    lr_decay_factor: float = param(0.1, "piecewise: multiplier at each milestone", gt=0.0, le=1.0)
+    lr_total_train_iter: int = param(100_000, "cosine: train_iter at which the lr reaches 0", ge=1)
+    grad_clip_norm: float = param(10.0, "clip the global gradient norm to this", gt=0.0)
+    value_loss_weight: float = param(0.25, "weight of the value cross-entropy", ge=0.0)
+    reward_loss_weight: float = param(1.0, "weight of the reward cross-entropy", ge=0.0)
+    policy_loss_weight: float = param(1.0, "weight of the policy cross-entropy", ge=0.0)
+    ssl_loss_weight: float = param(0.0, "weight of the SSL consistency loss (0: off)", ge=0.0)
+    target_update_interval: int = param(100, "hard target-network copy every this many train steps", ge=1)
+    target_update_tau: float = param(0.0, "if > 0, soft target update with this rate every step", ge=0.0, le=1.0)
+    update_per_collect: int | None = param(
+        None, "train steps per collect (None: replay_ratio x real transitions collected)", ge=1
+    )
+    replay_ratio: float = param(0.25, "train steps per real transition collected", gt=0.0)
+    train_start_after_envsteps: int = param(0, "collect only until this many env steps", ge=0)
+    min_replay_transitions: int | None = param(
+        None, "real transitions needed before training (None: batch_size)", ge=1
+    )
+    device: str = param("cpu", "learner device: cpu, auto (cuda when present) or cuda[:N]")
+    mixed_precision: bool = param(False, "bf16/fp16 autocast for the learner on CUDA")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Evaluation: greedy search, no noise, on separate environments."""
+
+    eval_freq: int = param(200, "evaluate every this many train steps", ge=1)
+    n_episodes: int = param(8, "episodes per evaluation", ge=1)
+    max_episode_steps: int | None = param(None, "cap on steps per evaluation episode", ge=1)
+
+
+@dataclass(frozen=True)
+class AsyncPipelineConfig:
+    """``policy.async_pipeline``: the async segment pipeline (spec section 4.2); defaults are the spec's."""
+
+    enabled: bool = param(False, "run the async pipeline (Ray actors); --async-pipeline sets it")
+    num_collector_actors: int = param(1, "collector actors", ge=1, le=1024)
+    num_evaluator_actors: int = param(1, "evaluator actors", ge=1, le=1024)
+    max_collect_inflight: int | None = param(
+        None, "max concurrently running collect tasks (None: num_collector_actors)", ge=1
+    )
+    max_eval_inflight: int = param(1, "max concurrently running eval tasks", ge=1)
+    max_train_chunk_steps: int = param(4, "max consecutive learner updates before handling actor results", ge=1)
+    weight_sync_interval: int = param(1, "min train_iter gap between weight snapshot publishes", ge=1)
+    max_policy_lag: int = param(0, "max collector policy lag; exceeding it forces a publish (<0: off)")
+    max_train_budget_queue_size: int | None = param(
+        None, "train-budget queue cap (backpressure, once trainable; None: 2 x num_collector_actors)", ge=1
+    )
+    eval_at_start: bool = param(False, "run one evaluation before training starts")
+    collector_num_cpus: float = param(1.0, "Ray CPUs per collector actor", ge=0.0)
+    evaluator_num_cpus: float = param(1.0, "Ray CPUs per evaluator actor", ge=0.0)
+    collector_num_gpus: float = param(0.0, "Ray GPUs per collector actor (fractional allowed)", ge=0.0)
+    evaluator_num_gpus: float = param(0.0, "Ray GPUs per evaluator actor (fractional allowed)", ge=0.0)
+    buffer_stats_interval: int = param(100, "log buffer statistics every this many train_iter", ge=1)
+    poll_interval_s: float = param(0.1, "driver event-loop poll interval, seconds", gt=0.0)
+    shutdown_timeout_s: float = param(30.0, "actor shutdown timeout at exit, seconds", gt=0.0)
+    ray_local_mode: bool = param(False, "Ray local mode (debugging)")
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """Which MuZero-family policy type, and the async pipeline settings."""
+
+    type: str = param("muzero", "policy type", choices=POLICY_TYPES)
+    async_pipeline: AsyncPipelineConfig = param(
+        default_factory=AsyncPipelineConfig, doc="async segment pipeline"
+    )
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    """Where runs write and how often they print."""
+
+    output_dir: str = param("runs", "runs are written to <output_dir>/<exp_name>/")
+    progress_interval_s: float = param(5.0, "seconds between progress lines (0: every loop)", ge=0.0)
+    quiet: bool = param(False, "no progress lines")
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    """Everything one training run reads."""
+
+    exp_name: str = param("cartpole_muzero", "run name; outputs go under <logging.output_dir>/<exp_name>/")
+    seed: int = param(0, "seed of environments, search and learner", ge=0)
+    max_env_step: int = param(100_000, "stop after this many env steps", ge=1)
+    max_train_iter: int = param(1_000_000, "stop after this many train steps", ge=1)
+    stop_value: float | None = param(195.0, "stop when eval reward_mean reaches this (None: never)")
+    env: EnvConfig = param(default_factory=EnvConfig, doc="environment")
+    model: ModelConfig = param(default_factory=ModelConfig, doc="network")
+    mcts: MctsConfig = param(default_factory=MctsConfig, doc="tree search")
+    collect: CollectConfig = param(default_factory=CollectConfig, doc="collection")
+    replay: ReplayConfig = param(default_factory=ReplayConfig, doc="replay buffer")
+    learn: LearnConfig = param(default_factory=LearnConfig, doc="learner")
+    eval: EvalConfig = param(default_factory=EvalConfig, doc="evaluation")
+    policy: PolicyConfig = param(default_factory=PolicyConfig, doc="policy type and async pipeline")
+    logging: LoggingConfig = param(default_factory=LoggingConfig, doc="outputs")
+
+
+# ---------------------------------------------------------------------------------------------- presets
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # CartPole-v1, tuned on this 2-core machine to solve (eval mean >= 195 over 8 episodes) well within
+    # 30k env steps: small MLP, short segments so fresh data reaches the buffer often.
+    "cartpole_muzero": {
+        "exp_name": "cartpole_muzero",
+        "env.env_id": "CartPole-v1",
+        "env.collector_env_num": 8,
+        "env.evaluator_env_num": 8,
+        "model.kind": "mlp",
+        "model.latent_dim": 64,
+        "model.hidden_dim": 128,
+        "model.value_support_size": 50,
+        "model.reward_support_size": 5,
+        "mcts.num_simulations": 25,
+        "replay.game_segment_length": 50,
+        "replay.num_unroll_steps": 5,
+        "replay.td_steps": 10,
+        "learn.batch_size": 256,
+        "learn.optimizer": "adam",
+        "learn.learning_rate": 3e-3,
+        "learn.weight_decay": 1e-4,
+        "learn.replay_ratio": 0.25,
+        "eval.eval_freq": 200,
+        "eval.n_episodes": 8,
+        "max_env_step": 30_000,
+        "stop_value": 195.0,
+    },
+    # Atari Pong with the reference system's settings (spec section 4.1; reference notes section 2).
+    "pong_muzero": {
+        "exp_name": "pong_muzero",
+        "env.env_id": "ALE/Pong-v5",
+        "env.frame_stack": 4,  # 4 grayscale frames per model input
+        "env.frame_size_px": 64,  # 64x64 frames -> 4x4 hidden state
+        "env.grayscale": True,
+        "env.sticky_action_prob": 0.25,  # the v5 default
+        "env.collector_env_num": 8,
+        "env.evaluator_env_num": 3,
+        "model.kind": "conv",
+        "model.num_channels": 64,
+        "model.num_res_blocks": 1,
+        "model.downsample": True,
+        "model.value_support_size": 300,
+        "model.reward_support_size": 300,
+        "model.projection_dim": 256,
+        "mcts.num_simulations": 50,  # reference: 50 simulations per move
+        "replay.game_segment_length": 20,  # reference segment length
+        "replay.num_unroll_steps": 5,  # K = 5
+        "replay.td_steps": 5,
+        "replay.capacity_transitions": 1_000_000,
+        "learn.batch_size": 256,
+        "learn.optimizer": "sgd",  # SGD, momentum 0.9, wd 1e-4
+        "learn.learning_rate": 0.2,
+        "learn.lr_schedule": "piecewise",  # 0.2 -> 0.02 at 100k -> 0.002 at 200k train steps
+        "learn.lr_milestones": (100_000, 200_000),
+        "learn.weight_decay": 1e-4,
+        "learn.replay_ratio": 0.25,
+        "learn.ssl_loss_weight": 2.0,  # SSL consistency loss on (EfficientZero)
+        "learn.train_start_after_envsteps": 2_000,
+        "learn.device": "auto",
+        "eval.eval_freq": 2_000,
+        "eval.n_episodes": 3,
+        "max_env_step": 1_000_000,
+        "stop_value": 20.0,
+    },
+}
+
+
+# ---------------------------------------------------------------------------------------------- overrides
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _is_section(tp: Any) -> bool:
+    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
+
+
+def iter_fields(cls: type = ExperimentConfig, prefix: str = "") -> Iterator[tuple[str, Any, dataclasses.Field]]:
+    """Yield (dotted key, type, field) for every leaf setting, in declaration order."""
+    hints = _hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        key = f"{prefix}{f.name}"
+        if _is_section(tp):
+            yield from iter_fields(tp, key + ".")
+        else:
+            yield key, tp, f
+
+
+def leaf_keys() -> list[str]:
+    return [k for k, _, _ in iter_fields()]
+
+
+def _type_name(tp: Any) -> str:
+    if tp in (int, float, str, bool):
+        return tp.__name__
+    args = typing.get_args(tp)
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join("None" if a is type(None) else _type_name(a) for a in args)
+    if origin is tuple:
+        return f"tuple[{_type_name(args[0])}, ...]"
+    return str(tp)
+
+
+def _coerce(key: str, tp: Any, value: Any) -> Any:
+    """Convert ``value`` (possibly a string from the CLI) to type ``tp`` or raise ConfigError."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "null", "~")):
+            if type(None) in args:
+                return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(key, inner[0], value)
+    if isinstance(value, str) and tp is not str:
+        value = yaml.safe_load(value)
+    if origin is tuple:
+        (elem,) = typing.get_args(tp)[:1]
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = [value]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(key, value, f"expected a list of {_type_name(elem)}")
+        return tuple(_coerce(key, elem, v) for v in value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(key, value, "expected a bool (true/false)")
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+            raise ConfigError(key, value, "expected an integer")
+        return int(value)
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(key, value, "expected a number")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(key, value, "expected a string")
+        return value
+    raise ConfigError(key, value, f"unsupported type {tp}")
+
+
+def _unknown_key(key: str) -> ConfigError:
+    keys = leaf_keys()
+    close = difflib.get_close_matches(key, keys, n=3, cutoff=0.6)
+    hint = f"did you mean {' or '.join(repr(c) for c in close)}?" if close else "run `muzero-tune train --help`"
+    return ConfigError(key, "<unknown key>", f"no such setting; {hint}")
+
+
+def _set(cfg: Any, path: list[str], value: Any, full_key: str) -> Any:
+    hints = _hints(type(cfg))
+    names = {f.name for f in dataclasses.fields(cfg)}
+    head = path[0]
+    if head not in names:
+        raise _unknown_key(full_key)
+    tp = hints[head]
+    if len(path) == 1:
+        if _is_section(tp):
+            if not isinstance(value, Mapping):
+                raise ConfigError(full_key, value, "is a section; set its keys, e.g. " f"{full_key}.<key>=...")
+            out = getattr(cfg, head)
+            for k, v in value.items():
+                out = _set(out, [k], v, f"{full_key}.{k}")
+            return dataclasses.replace(cfg, **{head: out})
+        return dataclasses.replace(cfg, **{head: _coerce(full_key, tp, value)})
+    if not _is_section(tp):
+        raise _unknown_key(full_key)
+    return dataclasses.replace(cfg, **{head: _set(getattr(cfg, head), path[1:], value, full_key)})
+
+
+def apply_overrides(cfg: ExperimentConfig, overrides: Mapping[str, Any]) -> ExperimentConfig:
+    """Return ``cfg`` with each dotted key set; the one function behind presets, YAML, CLI and Tune.
+
+    Values may be typed (YAML, Tune) or strings (``--set``), which are parsed as YAML scalars.
+    Unknown keys and ill-typed values raise :class:`ConfigError`; ranges are checked by :func:`validate`.
+    """
+    for key, value in overrides.items():
+        cfg = _set(cfg, key.split("."), value, key)
+    return cfg
+
+
+def parse_set_args(items: list[str]) -> dict[str, str]:
+    """``["a.b=3", "c=x"]`` -> ``{"a.b": "3", "c": "x"}`` (CLI ``--set``)."""
+    out: dict[str, str] = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(item, item, "expected --set key=value")
+        k, v = item.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out
+
+
+def flatten(mapping: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dict (a YAML file) -> dotted keys."""
+    out: dict[str, Any] = {}
+    for k, v in mapping.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def load_yaml(path: str) -> dict[str, Any]:
+    with open(path) as f:
+        data = yaml.safe_load(f) or {}
+    if not isinstance(data, Mapping):
+        raise ConfigError("--config", path, "a YAML file must hold a mapping of settings")
+    return flatten(data)
+
+
+def to_flat_dict(cfg: ExperimentConfig) -> dict[str, Any]:
+    """Every leaf setting by dotted key (MLflow params, checkpoints)."""
+    out: dict[str, Any] = {}
+    for key, _, _ in iter_fields():
+        obj: Any = cfg
+        for part in key.split("."):
+            obj = getattr(obj, part)
+        out[key] = list(obj) if isinstance(obj, tuple) else obj
+    return out
+
+
+def from_flat_dict(flat: Mapping[str, Any]) -> ExperimentConfig:
+    return apply_overrides(ExperimentConfig(), flat)
+
+
+# ---------------------------------------------------------------------------------------------- validation
+
+
+def _check_field(key: str, value: Any, f: dataclasses.Field) -> None:
+    m = f.metadata
+    if value is None:
+        return
+    vals = value if isinstance(value, tuple) else (value,)
+    for v in vals:
+        if m.get("choices") is not None and v not in m["choices"]:
+            close = difflib.get_close_matches(str(v), [str(c) for c in m["choices"]], n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(key, value, f"allowed: {', '.join(map(str, m['choices']))}{hint}")
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            if m.get("ge") is not None and v < m["ge"]:
+                raise ConfigError(key, value, f"must be >= {m['ge']}")
+            if m.get("gt") is not None and v <= m["gt"]:
+                raise ConfigError(key, value, f"must be > {m['gt']}")
+            if m.get("le") is not None and v > m["le"]:
+                raise ConfigError(key, value, f"must be <= {m['le']}")
+            if m.get("lt") is not None and v >= m["lt"]:
+                raise ConfigError(key, value, f"must be < {m['lt']}")
+
+
+def validate(cfg: ExperimentConfig, *, check_env: bool = True) -> ExperimentConfig:
+    """Check every field's range and the cross-field rules; raise ConfigError before any work starts.
+
+    ``check_env`` also checks that ``env.env_id`` is a registered gymnasium id (without building it).
+    Returns ``cfg`` so calls can be chained.
+    """
+    for key, _, f in iter_fields():
+        obj: Any = cfg
+        for part in key.split("."):
+            obj = getattr(obj, part)
+        _check_field(key, obj, f)
+
+    learn, replay, ap = cfg.learn, cfg.replay, cfg.policy.async_pipeline
+    if learn.device not in ("cpu", "auto", "cuda") and not learn.device.startswith("cuda:"):
+        raise ConfigError("learn.device", learn.device, "allowed: cpu, auto, cuda, cuda:<index>")
+    if list(learn.lr_milestones) != sorted(learn.lr_milestones):
+        raise ConfigError("learn.lr_milestones", learn.lr_milestones, "must be increasing")
+    if replay.capacity_transitions < learn.batch_size:
+        raise ConfigError(
+            "replay.capacity_transitions", replay.capacity_transitions,
+            f"must be >= learn.batch_size ({learn.batch_size})",
+        )
+    if cfg.env.env_id.startswith("ALE/") and cfg.model.kind != "conv":
+        raise ConfigError("model.kind", cfg.model.kind, "Atari image observations need model.kind=conv")
+    if ap.max_collect_inflight is not None and ap.max_collect_inflight > ap.num_collector_actors:
+        raise ConfigError(
+            "policy.async_pipeline.max_collect_inflight", ap.max_collect_inflight,
+            f"must be <= num_collector_actors ({ap.num_collector_actors}): one collect per actor at a time",
+        )
+    if ap.max_eval_inflight > ap.num_evaluator_actors:
+        raise ConfigError(
+            "policy.async_pipeline.max_eval_inflight", ap.max_eval_inflight,
+            f"must be <= num_evaluator_actors ({ap.num_evaluator_actors})",
+        )
+    from muzero_tune.policies.registry import check_policy_type  # light: no torch import
+
+    check_policy_type(cfg.policy.type)
+    if check_env:
+        from muzero_tune.envs.factory import validate_env_id
+
+        try:
+            validate_env_id(cfg.env.env_id)
+        except ImportError:
+            raise
+        except ValueError as e:
+            raise ConfigError("env.env_id", cfg.env.env_id, str(e)) from None
+    return cfg
+
+
+def resolved_async(ap: AsyncPipelineConfig) -> AsyncPipelineConfig:
+    """The async settings with their None defaults filled in from num_collector_actors."""
+    return dataclasses.replace(
+        ap,
+        max_collect_inflight=ap.max_collect_inflight or ap.num_collector_actors,
+        max_train_budget_queue_size=ap.max_train_budget_queue_size or 2 * ap.num_collector_actors,
+    )
+
+
+def make_config(
+    preset: str | None = "cartpole_muzero",
+    *,
+    yaml_path: str | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    check_env: bool = True,
+) -> ExperimentConfig:
+    """Preset, then YAML file, then overrides (later wins); validated."""
+    cfg = ExperimentConfig()
+    if preset is not None:
+        if preset not in PRESETS:
+            close = difflib.get_close_matches(preset, list(PRESETS), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError("preset", preset, f"allowed: {', '.join(PRESETS)}{hint}")
+        cfg = apply_overrides(cfg, PRESETS[preset])
+    if yaml_path is not None:
+        cfg = apply_overrides(cfg, load_yaml(yaml_path))
+    if overrides:
+        cfg = apply_overrides(cfg, overrides)
+    return validate(cfg, check_env=check_env)
+
+
+def describe_fields() -> str:
+    """One line per setting: key, type, default, doc (the CLI's --help epilog)."""
+    lines = []
+    defaults = to_flat_dict(ExperimentConfig())
+    for key, tp, f in iter_fields():
+        extra = ""
+        if f.metadata.get("choices"):
+            extra = f" {{{', '.join(map(str, f.metadata['choices']))}}}"
+        lines.append(f"  {key} ({_type_name(tp)}, default {defaults[key]!r}){extra}: {f.metadata.get('doc', '')}")
+    return "\n".join(lines)

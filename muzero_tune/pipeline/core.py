@@ -1,0 +1,241 @@
+"""The driver core: what the sync and async drivers share, so their training semantics are identical.
+
+It owns the learner and the replay buffer (the single owner: nothing else mutates them), the driver RNG,
+and the run counters. Both drivers call the same methods: :meth:`push_collect` (push segments, count
+env steps, return the train budget owed), :meth:`train_step` (sample, build targets, learn, write back
+priorities, buffer reanalyze per schedule), :meth:`record_eval` (metrics, checkpoint through the
+reporter) and :meth:`resume_state` / :meth:`load_resume_state`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from muzero_tune.config import ExperimentConfig, to_flat_dict
+from muzero_tune.envs import env_spec
+from muzero_tune.pipeline import schedule
+from muzero_tune.pipeline.checkpoint import to_numpy_tree
+from muzero_tune.pipeline.collector import CollectResult
+from muzero_tune.pipeline.evaluator import EvalResult
+from muzero_tune.pipeline.learner import Learner, LearnOutput
+from muzero_tune.pipeline.reporter import Reporter
+from muzero_tune.policies.registry import get_policy_class
+from muzero_tune.replay.buffer import ReplayBuffer
+from muzero_tune.replay.targets import reanalyze_positions
+
+
+@dataclass
+class Counters:
+    """Run counters; all of them are saved in checkpoints and restored exactly on resume."""
+
+    env_steps: int = 0
+    train_epoch: int = 0  # completed train budgets (one per collect)
+    eval_index: int = 0  # evaluations done
+    last_eval_iter: int | None = None
+    best_reward: float = float("-inf")
+    collects: int = 0
+    reanalyze_calls: int = 0
+    stale_writebacks: int = 0
+    wall_s: float = 0.0  # run wall time, carried across resumes
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class RunSummary:
+    """What a driver returns when it stops."""
+
+    stop_reason: str
+    env_steps: int
+    train_iter: int
+    evals: list[dict] = field(default_factory=list)
+    wall_s: float = 0.0
+
+
+def setup_torch_threads() -> None:
+    """One torch thread per process: parallelism comes from processes (measured: 2 threads on 2 busy
+    cores are many times slower)."""
+    torch.set_num_threads(1)
+
+
+def make_spec(cfg: ExperimentConfig):
+    return env_spec(cfg.env.env_id, frame_stack=cfg.env.frame_stack, frame_size_px=cfg.env.frame_size_px,
+                    grayscale=cfg.env.grayscale)
+
+
+def make_policy(cfg: ExperimentConfig):
+    spec = make_spec(cfg)
+    return get_policy_class(cfg.policy.type)(cfg, spec), spec
+
+
+class DriverCore:
+    """Learner + replay buffer + counters, driven by a sync or async loop."""
+
+    def __init__(self, cfg: ExperimentConfig, reporter: Reporter):
+        self.cfg = cfg
+        self.reporter = reporter
+        self.policy, self.spec = make_policy(cfg)
+        self.learner = Learner(cfg, self.policy)
+        rc = cfg.replay
+        self.buffer = ReplayBuffer(capacity_transitions=rc.capacity_transitions, use_priority=rc.use_priority,
+                                   alpha=rc.priority_alpha, beta=rc.priority_beta)
+        self.rng = np.random.default_rng([cfg.seed, 31337])
+        self.counters = Counters()
+        self.flat_config = to_flat_dict(cfg)
+        self.min_transitions = cfg.learn.min_replay_transitions or cfg.learn.batch_size
+        self.t_start = time.monotonic()
+        self._wall_offset = 0.0
+        self._last_metrics: dict = {}
+        self.last_learn: LearnOutput | None = None
+
+    # ------------------------------------------------------------------ counters
+
+    @property
+    def train_iter(self) -> int:
+        return self.learner.train_iter
+
+    def wall_s(self) -> float:
+        return self._wall_offset + time.monotonic() - self.t_start
+
+    def trainable(self) -> bool:
+        return schedule.can_train(
+            env_steps=self.counters.env_steps,
+            num_transitions=self.buffer.num_transitions,
+            train_start_after_envsteps=self.cfg.learn.train_start_after_envsteps,
+            min_transitions=self.min_transitions,
+        )
+
+    # ------------------------------------------------------------------ data in
+
+    def push_collect(self, result: CollectResult) -> int:
+        """Push a collect result; returns the train budget (update_per_collect) it earns."""
+        self.counters.env_steps += result.envstep_delta
+        self.counters.collects += 1
+        self.buffer.push(list(result.segments))
+        return schedule.update_per_collect(
+            real_transitions=result.real_transitions,
+            fixed=self.cfg.learn.update_per_collect,
+            replay_ratio=self.cfg.learn.replay_ratio,
+        )
+
+    def reanalyze_plan(self, budget: int) -> schedule.ReanalyzePlan:
+        return schedule.reanalyze_plan(buffer_reanalyze_freq=self.cfg.replay.buffer_reanalyze_freq,
+                                       update_per_collect=budget)
+
+    def buffer_reanalyze(self) -> int:
+        """Re-search ``reanalyze_batch_size`` positions from the oldest partition with the target model."""
+        rc = self.cfg.replay
+        if self.buffer.num_transitions == 0:
+            return 0
+        seg_idx, pos = self.buffer.sample_oldest(rc.reanalyze_batch_size, rc.reanalyze_partition, self.rng)
+        segs = [self.buffer.segment(int(g)) for g in seg_idx]
+        n = reanalyze_positions(
+            segs, pos, span=1,
+            reanalyze_fn=lambda o, m: self.policy.reanalyze(self.learner.target_model, o, m, self.rng),
+        )
+        self.counters.reanalyze_calls += 1
+        return n
+
+    # ------------------------------------------------------------------ learning
+
+    def train_step(self) -> LearnOutput:
+        """Sample, build targets, one learner step, priority write-back."""
+        lc, rc = self.cfg.learn, self.cfg.replay
+        sample = self.buffer.sample(lc.batch_size, self.rng)
+        batch = self.policy.make_batch(
+            sample, target_model=self.learner.target_model, rng=self.rng,
+            reanalyze_count=int(lc.batch_size * rc.reanalyze_ratio),
+        )
+        out = self.learner.train_step(batch)
+        if rc.use_priority:
+            if self.buffer.update_priorities(sample.flat_index, out.priorities, sample.make_time) == 0:
+                self.counters.stale_writebacks += 1
+        self.last_learn = out
+        return out
+
+    def budget_done(self) -> None:
+        """One collect's train budget finished: count it and run the policy hook."""
+        self.counters.train_epoch += 1
+        self.policy.on_train_budget_done(self.learner.model, self.learner.target_model)
+
+    # ------------------------------------------------------------------ evaluation and reports
+
+    def should_eval(self, *, eval_at_start: bool = False) -> bool:
+        return schedule.should_eval(train_iter=self.train_iter, last_eval_iter=self.counters.last_eval_iter,
+                                    eval_freq=self.cfg.eval.eval_freq, eval_at_start=eval_at_start)
+
+    def base_metrics(self) -> dict:
+        wall = self.wall_s()
+        m = {
+            "envstep": self.counters.env_steps,
+            "train_iter": self.train_iter,
+            "train_epoch": self.counters.train_epoch,
+            "wall_s": wall,
+            "envstep_per_s": self.counters.env_steps / max(wall, 1e-9),
+            "train_iter_per_s": self.train_iter / max(wall, 1e-9),
+            "buffer/transitions": self.buffer.num_transitions,
+            "buffer/segments": self.buffer.num_segments,
+            "buffer/bytes": self.buffer.nbytes,
+            "buffer/stale_writebacks": self.counters.stale_writebacks,
+            "buffer/reanalyze_calls": self.counters.reanalyze_calls,
+        }
+        if self.last_learn is not None:
+            m.update(self.last_learn.metrics)
+        return m
+
+    def progress(self, extra: dict | None = None) -> None:
+        self.reporter.on_progress({**self.base_metrics(), **(extra or {})})
+
+    def record_eval(self, result: EvalResult, weights: dict, *, train_iter_at_launch: int, extra: dict | None = None
+                    ) -> dict:
+        """Report one evaluation of ``weights`` (the exact snapshot evaluated) with a checkpoint."""
+        c = self.counters
+        c.last_eval_iter = train_iter_at_launch
+        c.eval_index += 1
+        c.best_reward = max(c.best_reward, result.reward_mean)
+        metrics = {
+            **self.base_metrics(),
+            "reward_mean": result.reward_mean,
+            "reward_std": result.reward_std,
+            "reward_best": c.best_reward,
+            "eval_index": c.eval_index,
+            "eval_episodes": len(result.episode_returns),
+            "eval_duration_s": result.duration_s,
+            "policy_version": result.policy_version,
+            **(extra or {}),
+        }
+        evaluated = {"weights": weights, "version": result.policy_version,
+                     "metrics": {k: v for k, v in metrics.items() if isinstance(v, (int, float, str))}}
+        self.reporter.on_eval(metrics, evaluated, self.resume_state)
+        return metrics
+
+    def reached_stop_value(self, reward_mean: float) -> bool:
+        return self.cfg.stop_value is not None and reward_mean >= self.cfg.stop_value
+
+    # ------------------------------------------------------------------ resume
+
+    def resume_state(self, *, include_buffer: bool = False) -> dict:
+        self.counters.wall_s = self.wall_s()
+        state = {
+            "learner": self.learner.state_dict(),
+            "counters": self.counters.as_dict(),
+            "driver_rng": self.rng.bit_generator.state,
+        }
+        if include_buffer:
+            state["buffer"] = self.buffer.state_dict()
+        return state
+
+    def load_resume_state(self, state: dict) -> None:
+        self.learner.load_state_dict(state["learner"])
+        for k, v in state["counters"].items():
+            setattr(self.counters, k, v)
+        self.rng.bit_generator.state = state["driver_rng"]
+        self._wall_offset = float(self.counters.wall_s)
+        self.t_start = time.monotonic()
+        if "buffer" in state:
+            self.buffer.load_state_dict(to_numpy_tree(state["buffer"]))

@@ -1,0 +1,162 @@
+"""The learner: model, target model, optimizer, LR schedule, one train step, and its exact state.
+
+It owns the weights being trained and nothing else: batches come in (built by the driver from the replay
+buffer), priorities go out. ``state_dict()`` holds everything needed to continue exactly -- model,
+target model, optimizer, scheduler, train_iter and the RNG states of torch, numpy and Python -- and is
+loadable with ``torch.load(weights_only=True)``.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from muzero_tune.config import ConfigError, ExperimentConfig, LearnConfig
+from muzero_tune.policies.base import Policy
+from muzero_tune.replay.targets import TrainBatch
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` -> cuda when present else cpu; an explicit cuda without one is a clear error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ConfigError("learn.device", name, "no CUDA device is available here; use cpu or auto")
+        idx = int(name.split(":")[1]) if ":" in name else 0
+        if idx >= torch.cuda.device_count():
+            raise ConfigError("learn.device", name, f"only {torch.cuda.device_count()} CUDA device(s) here")
+    return torch.device(name)
+
+
+def lr_factor(lc: LearnConfig, step: int) -> float:
+    """Multiplier of the initial learning rate at train step ``step``."""
+    if lc.lr_schedule == "piecewise":
+        return float(lc.lr_decay_factor ** sum(step >= m for m in lc.lr_milestones))
+    if lc.lr_schedule == "cosine":
+        frac = min(step / lc.lr_total_train_iter, 1.0)
+        return float(0.5 * (1.0 + np.cos(np.pi * frac)))
+    return 1.0
+
+
+def rng_state() -> dict:
+    """RNG states of torch, numpy's global generator and Python's random (weights_only-loadable)."""
+    st = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "numpy": {"key": torch.from_numpy(st[1].astype(np.int64)), "pos": int(st[2]), "gauss": [int(st[3]), float(st[4])]},
+        "python": list(random.getstate()[1]),
+        "python_version": int(random.getstate()[0]),
+        "python_gauss": random.getstate()[2],
+    }
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(
+        ("MT19937", state["numpy"]["key"].numpy().astype(np.uint32), state["numpy"]["pos"],
+         state["numpy"]["gauss"][0], state["numpy"]["gauss"][1])
+    )
+    random.setstate((state["python_version"], tuple(state["python"]), state["python_gauss"]))
+
+
+@dataclass(frozen=True)
+class LearnOutput:
+    """What one train step returns to the driver."""
+
+    priorities: np.ndarray  # [B] float32
+    metrics: dict[str, float]
+
+
+class Learner:
+    """Trains one policy's model; the driver calls :meth:`train_step` with batches it built."""
+
+    def __init__(self, cfg: ExperimentConfig, policy: Policy):
+        self.cfg = cfg
+        self.policy = policy
+        lc = cfg.learn
+        self.device = resolve_device(lc.device)
+        torch.manual_seed(cfg.seed)
+        self.model = policy.build_model().to(self.device)
+        self.target_model = copy.deepcopy(self.model)
+        self.target_model.requires_grad_(False)
+        self.target_model.eval()
+        params = self.model.parameters()
+        if lc.optimizer == "sgd":
+            self.optimizer = torch.optim.SGD(params, lr=lc.learning_rate, momentum=lc.momentum,
+                                             weight_decay=lc.weight_decay)
+        elif lc.optimizer == "adamw":
+            self.optimizer = torch.optim.AdamW(params, lr=lc.learning_rate, weight_decay=lc.weight_decay)
+        else:
+            self.optimizer = torch.optim.Adam(params, lr=lc.learning_rate, weight_decay=lc.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(lc, s))
+        self.train_iter = 0
+        self.train_time_s = 0.0
+        self._amp = lc.mixed_precision and self.device.type == "cuda"
+        self._amp_dtype = torch.bfloat16 if self._amp and torch.cuda.is_bf16_supported() else torch.float16
+        self._scaler = torch.amp.GradScaler("cuda", enabled=self._amp and self._amp_dtype == torch.float16)
+
+    def train_step(self, batch: TrainBatch) -> LearnOutput:
+        """One optimizer step on ``batch``; updates the target network per its schedule."""
+        lc = self.cfg.learn
+        t0 = time.perf_counter()
+        self.model.train()
+        with torch.autocast(self.device.type, dtype=self._amp_dtype, enabled=self._amp):
+            out = self.policy.compute_loss(self.model, batch, train_iter=self.train_iter)
+        self.optimizer.zero_grad(set_to_none=True)
+        self._scaler.scale(out.loss).backward()
+        self._scaler.unscale_(self.optimizer)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), lc.grad_clip_norm)
+        self._scaler.step(self.optimizer)
+        self._scaler.update()
+        self.scheduler.step()
+        self.train_iter += 1
+        self._update_target()
+        self.train_time_s += time.perf_counter() - t0
+        metrics = dict(out.metrics)
+        metrics["train/grad_norm"] = float(grad_norm)
+        metrics["train/lr"] = float(self.optimizer.param_groups[0]["lr"])
+        return LearnOutput(priorities=out.priorities, metrics=metrics)
+
+    def _update_target(self) -> None:
+        lc = self.cfg.learn
+        if lc.target_update_tau > 0:
+            with torch.no_grad():
+                for p_t, p in zip(self.target_model.parameters(), self.model.parameters()):
+                    p_t.lerp_(p, lc.target_update_tau)
+                for b_t, b in zip(self.target_model.buffers(), self.model.buffers()):
+                    b_t.copy_(b)
+        elif self.train_iter % lc.target_update_interval == 0:
+            self.target_model.load_state_dict(self.model.state_dict())
+
+    def weights_snapshot(self) -> dict[str, torch.Tensor]:
+        """A CPU copy of the model weights (immutable snapshot for actors and evaluation)."""
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+
+    def state_dict(self) -> dict:
+        return {
+            "model": self.model.state_dict(),
+            "target_model": self.target_model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self._scaler.state_dict(),
+            "train_iter": self.train_iter,
+            "train_time_s": self.train_time_s,
+            "rng": rng_state(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.target_model.load_state_dict(state["target_model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if state.get("scaler"):
+            self._scaler.load_state_dict(state["scaler"])
+        self.train_iter = int(state["train_iter"])
+        self.train_time_s = float(state.get("train_time_s", 0.0))
+        set_rng_state(state["rng"])

@@ -1,0 +1,102 @@
+"""The sync segment pipeline: collect -> push -> reanalyze per schedule -> train -> evaluate, in one process.
+
+It never starts Ray. Training semantics live in :class:`DriverCore` and are shared with the async driver.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+
+from muzero_tune.config import ExperimentConfig, validate
+from muzero_tune.pipeline.checkpoint import load_checkpoint
+from muzero_tune.pipeline.collector import SegmentCollector, visit_temperature
+from muzero_tune.pipeline.core import DriverCore, RunSummary, setup_torch_threads
+from muzero_tune.pipeline.evaluator import Evaluator
+from muzero_tune.pipeline.reporter import Reporter, StandaloneReporter
+
+EVAL_SEED_OFFSET = 100_000
+
+
+def run_dir(cfg: ExperimentConfig) -> str:
+    return os.path.join(cfg.logging.output_dir, cfg.exp_name)
+
+
+def default_reporter(cfg: ExperimentConfig) -> StandaloneReporter:
+    from muzero_tune.config import to_flat_dict
+
+    return StandaloneReporter(run_dir(cfg), flat_config=to_flat_dict(cfg),
+                              progress_interval_s=cfg.logging.progress_interval_s, quiet=cfg.logging.quiet)
+
+
+def train_muzero_segment(
+    cfg: ExperimentConfig,
+    *,
+    reporter: Reporter | None = None,
+    resume_from: str | dict | None = None,
+) -> RunSummary:
+    """Train with the sync pipeline until stop_value, max_env_step or max_train_iter.
+
+    ``resume_from``: a checkpoint path (or loaded checkpoint dict) whose ``resume`` state is continued
+    with exact counters.
+    """
+    validate(cfg)
+    setup_torch_threads()
+    reporter = reporter or default_reporter(cfg)
+    core = DriverCore(cfg, reporter)
+    if resume_from is not None:
+        ckpt = load_checkpoint(resume_from) if isinstance(resume_from, str) else resume_from
+        core.load_resume_state(ckpt["resume"])
+    collector = SegmentCollector(cfg, core.policy, core.spec, seed=cfg.seed)
+    evaluator = Evaluator(cfg, core.policy, core.spec, seed=cfg.seed + EVAL_SEED_OFFSET)
+    eval_model = copy.deepcopy(core.learner.model)
+    evals: list[dict] = []
+    stop_reason = "max_env_step"
+
+    def evaluate() -> bool:
+        """Evaluate an immutable snapshot of the current weights; True when stop_value is reached."""
+        weights = core.learner.weights_snapshot()
+        eval_model.load_state_dict(weights)
+        core.policy.on_weights_loaded(eval_model)
+        result = evaluator.evaluate(eval_model, policy_version=core.train_iter)
+        evals.append(core.record_eval(result, weights, train_iter_at_launch=core.train_iter,
+                                      extra={"pipeline": "sync"}))
+        return core.reached_stop_value(result.reward_mean)
+
+    try:
+        if cfg.policy.async_pipeline.eval_at_start and core.counters.eval_index == 0 and evaluate():
+            stop_reason = "stop_value"
+            return RunSummary(stop_reason, core.counters.env_steps, core.train_iter, evals, core.wall_s())
+        while True:
+            if core.counters.env_steps >= cfg.max_env_step:
+                stop_reason = "max_env_step"
+                break
+            if core.train_iter >= cfg.max_train_iter:
+                stop_reason = "max_train_iter"
+                break
+            result = collector.collect(core.learner.model, temperature=visit_temperature(cfg, core.train_iter),
+                                       policy_version=core.train_iter)
+            budget = core.push_collect(result)
+            plan = core.reanalyze_plan(budget)
+            if core.trainable():
+                if plan.at_epoch(core.counters.train_epoch):
+                    core.buffer_reanalyze()
+                for step in range(budget):
+                    if plan.at_step(step):
+                        core.buffer_reanalyze()
+                    core.train_step()
+                    if core.train_iter >= cfg.max_train_iter:
+                        break
+                core.budget_done()
+            core.progress({"pipeline": "sync"})
+            if core.should_eval() and evaluate():
+                stop_reason = "stop_value"
+                break
+        if core.counters.last_eval_iter != core.train_iter and stop_reason != "stop_value":
+            if evaluate():
+                stop_reason = "stop_value"
+    finally:
+        collector.close()
+        evaluator.close()
+        reporter.close()
+    return RunSummary(stop_reason, core.counters.env_steps, core.train_iter, evals, core.wall_s())

@@ -1,0 +1,109 @@
+"""The policy plug-in interface: what a MuZero-family policy type supplies to the pipelines.
+
+A policy supplies its model, its search (and how the search calls the model), what it stores per
+environment step (visit distributions, root values, later: sampled actions, improved policies, chance
+codes), its targets and its loss, plus lifecycle hooks. It holds no weights: models are passed in, so one
+policy object serves the learner, collectors, evaluators and reanalyze alike.
+
+The collector, buffer, learner and drivers call only this interface and never branch on a policy name.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+
+    from muzero_tune.config import ExperimentConfig
+    from muzero_tune.envs.spec import EnvSpec
+    from muzero_tune.replay.buffer import SampledIndices
+    from muzero_tune.replay.targets import TrainBatch
+
+
+@dataclass(frozen=True)
+class ActOutput:
+    """One batched acting step."""
+
+    actions: np.ndarray  # [B] int64
+    step_stats: dict[str, np.ndarray]  # name -> [B, ...]: stored with the transition in its segment
+    root_value: np.ndarray  # [B] float32, searched value of the root
+    predicted_value: np.ndarray  # [B] float32, the network's value of the root
+
+
+@dataclass(frozen=True)
+class LossOutput:
+    """One learner step's loss."""
+
+    loss: torch.Tensor  # scalar: mean over the batch of importance weight x per-sample loss
+    per_sample_loss: torch.Tensor  # [B]
+    priorities: np.ndarray  # [B] float32 new priorities for the samples
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class Policy(ABC):
+    """A MuZero-family policy type (see the module docstring)."""
+
+    name: str = ""
+
+    def __init__(self, cfg: ExperimentConfig, spec: EnvSpec):
+        self.cfg = cfg
+        self.spec = spec
+
+    # ---------------------------------------------------------------- model and acting
+
+    @abstractmethod
+    def build_model(self) -> torch.nn.Module:
+        """A freshly initialised network for this policy and environment."""
+
+    @abstractmethod
+    def act(
+        self,
+        model: torch.nn.Module,
+        obs: np.ndarray,  # [B, *obs_shape] stacked observations
+        legal_mask: np.ndarray,  # [B, A] bool
+        *,
+        explore: bool,
+        temperature: float,
+        rng: np.random.Generator,
+    ) -> ActOutput:
+        """Search from each observation and pick actions (explore: root noise + sampling)."""
+
+    def step_stat_names(self) -> tuple[str, ...]:
+        """Names of the per-step arrays this policy stores in segments."""
+        return ("child_visits", "root_value", "legal_mask")
+
+    # ---------------------------------------------------------------- learning
+
+    @abstractmethod
+    def make_batch(
+        self,
+        sample: SampledIndices,
+        *,
+        target_model: torch.nn.Module,
+        rng: np.random.Generator,
+        reanalyze_count: int = 0,
+    ) -> TrainBatch:
+        """Targets for a prioritized sample (bootstrap values from the target model)."""
+
+    @abstractmethod
+    def reanalyze(
+        self, target_model: torch.nn.Module, obs: np.ndarray, legal_mask: np.ndarray, rng: np.random.Generator
+    ) -> np.ndarray:
+        """Fresh visit distributions [N, A] for stacked observations [N, *obs_shape] (buffer reanalyze)."""
+
+    @abstractmethod
+    def compute_loss(self, model: torch.nn.Module, batch: TrainBatch, *, train_iter: int) -> LossOutput:
+        """The weighted training loss of one batch; ``train_iter`` is always given (schedules use it)."""
+
+    # ---------------------------------------------------------------- hooks (called for every policy)
+
+    def on_weights_loaded(self, model: torch.nn.Module) -> None:
+        """Run in collectors/evaluators after they load a new snapshot (e.g. clear world-model caches)."""
+
+    def on_train_budget_done(self, model: torch.nn.Module, target_model: torch.nn.Module) -> None:
+        """Run by the driver after each completed train budget (one collect's worth of train steps)."""

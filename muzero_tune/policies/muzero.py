@@ -1,0 +1,226 @@
+"""MuZero (Schrittwieser et al. 2020) as a policy plug-in: model, batched pUCT search, targets, loss.
+
+Loss per sample: policy cross-entropy, value and reward cross-entropy on categorical supports of h(x),
+optional SSL consistency (negative cosine between the projected unrolled latent and the stop-gradient
+projection of the real next observation's latent). Losses of the K unrolled steps are scaled by 1/K and
+the gradient flowing back through each dynamics step is halved (MuZero paper, Appendix G).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from muzero_tune.mcts import MuZeroSearch, select_action
+from muzero_tune.models import build_network, logits_to_scalar, scalar_to_target
+from muzero_tune.policies.base import ActOutput, LossOutput, Policy
+from muzero_tune.replay.targets import TrainBatch, make_batch
+
+
+def scale_gradient(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """Identity forward; gradient multiplied by ``scale`` backward."""
+    return x * scale + x.detach() * (1.0 - scale)
+
+
+def soft_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """[B, C] logits, [B, C] target distribution -> [B]."""
+    return -(target * F.log_softmax(logits, dim=-1)).sum(-1)
+
+
+class MuZeroPolicy(Policy):
+    """MuZero on discrete actions."""
+
+    name = "muzero"
+
+    def __init__(self, cfg, spec):
+        super().__init__(cfg, spec)
+        m = cfg.mcts
+        self._search = MuZeroSearch(
+            num_actions=spec.num_actions,
+            num_simulations=m.num_simulations,
+            pb_c_base=m.pb_c_base,
+            pb_c_init=m.pb_c_init,
+            discount=m.discount,
+            dirichlet_alpha=m.root_dirichlet_alpha,
+            noise_weight=m.root_noise_weight,
+            value_delta_max=m.value_delta_max,
+        )
+
+    # ---------------------------------------------------------------- model
+
+    def build_model(self) -> torch.nn.Module:
+        mc = self.cfg.model
+        common = dict(
+            kind=mc.kind,
+            obs_shape=tuple(self.spec.obs_shape),
+            num_actions=self.spec.num_actions,
+            value_support_size=mc.value_support_size,
+            reward_support_size=mc.reward_support_size,
+            projection_dim=mc.projection_dim,
+        )
+        if mc.kind == "mlp":
+            return build_network(
+                **common, latent_dim=mc.latent_dim, hidden_dim=mc.hidden_dim, num_hidden_layers=mc.num_hidden_layers
+            )
+        return build_network(
+            **common, num_channels=mc.num_channels, num_res_blocks=mc.num_res_blocks, downsample=mc.downsample
+        )
+
+    @staticmethod
+    def _device(model: torch.nn.Module) -> torch.device:
+        return next(model.parameters()).device
+
+    def _recurrent_fn(self, model: torch.nn.Module):
+        dev = self._device(model)
+
+        def fn(latent: torch.Tensor, actions: np.ndarray):
+            out = model.recurrent_inference(latent, torch.as_tensor(actions, device=dev))
+            reward = logits_to_scalar(out.reward_logits.float(), support_size=model.reward_support_size)
+            value = logits_to_scalar(out.value_logits.float(), support_size=model.value_support_size)
+            return (
+                out.latent,
+                reward.cpu().numpy().astype(np.float32),
+                value.cpu().numpy().astype(np.float32),
+                out.policy_logits.float().cpu().numpy(),
+            )
+
+        return fn
+
+    @torch.no_grad()
+    def _search_roots(self, model, obs, legal_mask, *, add_noise, deterministic, rng):
+        was_training = model.training
+        model.eval()
+        dev = self._device(model)
+        root = model.initial_inference(torch.as_tensor(obs, device=dev))
+        predicted = logits_to_scalar(root.value_logits.float(), support_size=model.value_support_size)
+        out = self._search.run(
+            root_latent=root.latent,
+            root_policy_logits=root.policy_logits.float().cpu().numpy(),
+            legal_mask=np.asarray(legal_mask, dtype=bool),
+            recurrent_fn=self._recurrent_fn(model),
+            add_noise=add_noise,
+            deterministic=deterministic,
+            rng=rng,
+        )
+        model.train(was_training)
+        return out, predicted.cpu().numpy().astype(np.float32)
+
+    def act(self, model, obs, legal_mask, *, explore, temperature, rng) -> ActOutput:
+        deterministic = (not explore) and self.cfg.mcts.deterministic_eval
+        out, predicted = self._search_roots(
+            model, obs, legal_mask, add_noise=explore, deterministic=deterministic, rng=rng
+        )
+        actions = select_action(
+            out.visit_counts, temperature=temperature if explore else 0.0, rng=rng, deterministic=not explore
+        )
+        stats = {
+            "child_visits": out.visit_distribution.astype(np.float32),
+            "root_value": out.root_value.astype(np.float32),
+            "legal_mask": np.asarray(legal_mask, dtype=bool),
+        }
+        return ActOutput(actions=actions.astype(np.int64), step_stats=stats, root_value=out.root_value,
+                         predicted_value=predicted)
+
+    def reanalyze(self, target_model, obs, legal_mask, rng) -> np.ndarray:
+        out, _ = self._search_roots(target_model, obs, legal_mask, add_noise=True, deterministic=False, rng=rng)
+        return out.visit_distribution.astype(np.float32)
+
+    # ---------------------------------------------------------------- targets
+
+    def value_fn(self, model: torch.nn.Module, *, chunk: int = 2048):
+        dev = self._device(model)
+
+        @torch.no_grad()
+        def fn(obs: np.ndarray) -> np.ndarray:
+            was_training = model.training
+            model.eval()
+            vals = []
+            for lo in range(0, len(obs), chunk):
+                root = model.initial_inference(torch.as_tensor(obs[lo : lo + chunk], device=dev))
+                vals.append(logits_to_scalar(root.value_logits.float(), support_size=model.value_support_size))
+            model.train(was_training)
+            return torch.cat(vals).cpu().numpy()
+
+        return fn
+
+    def make_batch(self, sample, *, target_model, rng, reanalyze_count=0) -> TrainBatch:
+        rc = self.cfg.replay
+        return make_batch(
+            sample,
+            num_unroll_steps=rc.num_unroll_steps,
+            td_steps=rc.td_steps,
+            discount=self.cfg.mcts.discount,
+            num_actions=self.spec.num_actions,
+            value_fn=self.value_fn(target_model),
+            rng=rng,
+            all_obs=self.cfg.learn.ssl_loss_weight > 0,
+            reanalyze_count=reanalyze_count,
+            reanalyze_fn=lambda o, m: self.reanalyze(target_model, o, m, rng),
+        )
+
+    # ---------------------------------------------------------------- loss
+
+    def compute_loss(self, model, batch: TrainBatch, *, train_iter: int) -> LossOutput:
+        lc = self.cfg.learn
+        dev = self._device(model)
+
+        def t(x, dtype=torch.float32):
+            return torch.as_tensor(x, device=dev, dtype=dtype)
+
+        obs = torch.as_tensor(batch.obs, device=dev)
+        actions = t(batch.actions, torch.long)
+        tv, tr, tp = t(batch.target_value), t(batch.target_reward), t(batch.target_policy)
+        vmask, rmask, pmask, omask = t(batch.value_mask), t(batch.reward_mask), t(batch.policy_mask), t(batch.obs_mask)
+        vs, rs = model.value_support_size, model.reward_support_size
+        k_steps = batch.actions.shape[1]
+
+        root = model.initial_inference(obs[:, 0])
+        value_loss = soft_cross_entropy(root.value_logits, scalar_to_target(tv[:, 0], support_size=vs)) * vmask[:, 0]
+        policy_loss = soft_cross_entropy(root.policy_logits, tp[:, 0]) * pmask[:, 0]
+        reward_loss = torch.zeros_like(value_loss)
+        ssl_loss = torch.zeros_like(value_loss)
+        use_ssl = lc.ssl_loss_weight > 0 and obs.shape[1] == k_steps + 1
+        latent = root.latent
+        for k in range(1, k_steps + 1):
+            rec = model.recurrent_inference(latent, actions[:, k - 1])
+            latent = scale_gradient(rec.latent, 0.5)
+            step_v = soft_cross_entropy(rec.value_logits, scalar_to_target(tv[:, k], support_size=vs)) * vmask[:, k]
+            step_p = soft_cross_entropy(rec.policy_logits, tp[:, k]) * pmask[:, k]
+            step_r = soft_cross_entropy(
+                rec.reward_logits, scalar_to_target(tr[:, k - 1], support_size=rs)
+            ) * rmask[:, k - 1]
+            value_loss = value_loss + step_v / k_steps
+            policy_loss = policy_loss + step_p / k_steps
+            reward_loss = reward_loss + step_r / k_steps
+            if use_ssl:
+                with torch.no_grad():
+                    target_proj = model.project(model.represent(obs[:, k]), with_prediction_head=False)
+                online = model.project(rec.latent, with_prediction_head=True)
+                cos = F.cosine_similarity(online, target_proj.detach(), dim=-1)
+                ssl_loss = ssl_loss + (-cos) * omask[:, k] / k_steps
+
+        per_sample = (
+            lc.policy_loss_weight * policy_loss
+            + lc.value_loss_weight * value_loss
+            + lc.reward_loss_weight * reward_loss
+            + lc.ssl_loss_weight * ssl_loss
+        )
+        weights = t(batch.weights)
+        loss = (weights * per_sample).mean()
+        with torch.no_grad():
+            pred_v0 = logits_to_scalar(root.value_logits.float(), support_size=vs)
+            priorities = ((pred_v0 - tv[:, 0]).abs() + 1e-6).cpu().numpy().astype(np.float32)
+            probs = F.softmax(root.policy_logits.float(), dim=-1)
+            entropy = -(probs * torch.log(probs + 1e-12)).sum(-1).mean()
+        metrics = {
+            "train/loss_total": float(loss.detach()),
+            "train/loss_policy": float(policy_loss.mean().detach()),
+            "train/loss_value": float(value_loss.mean().detach()),
+            "train/loss_reward": float(reward_loss.mean().detach()),
+            "train/loss_ssl": float(ssl_loss.mean().detach()),
+            "train/policy_entropy": float(entropy),
+            "train/value_pred_mean": float(pred_v0.mean()),
+            "train/value_target_mean": float(tv[:, 0].mean()),
+        }
+        return LossOutput(loss=loss, per_sample_loss=per_sample, priorities=priorities, metrics=metrics)

@@ -1,0 +1,38 @@
+"""Policy registry: the policy type name picks the policy class.
+
+This is the only place in the library that maps a policy name to code. The collector, buffer, learner and
+drivers receive a policy object and never branch on its name. Importing this module is light (no torch):
+``config.validate`` calls :func:`check_policy_type` before anything starts.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from muzero_tune.config import POLICY_TYPES, ConfigError
+
+# name -> "module:Class"; names of the mission not listed here are known but not implemented yet.
+_IMPLEMENTED: dict[str, str] = {
+    "muzero": "muzero_tune.policies.muzero:MuZeroPolicy",
+}
+
+
+def implemented_policy_types() -> tuple[str, ...]:
+    return tuple(_IMPLEMENTED)
+
+
+def check_policy_type(name: str) -> None:
+    """Raise ConfigError for an unknown or not-yet-implemented policy type."""
+    if name not in POLICY_TYPES:
+        raise ConfigError("policy.type", name, f"allowed: {', '.join(POLICY_TYPES)}")
+    if name not in _IMPLEMENTED:
+        raise ConfigError(
+            "policy.type", name,
+            f"policy type '{name}' is not implemented yet; implemented: {', '.join(_IMPLEMENTED)}",
+        )
+
+
+def get_policy_class(name: str) -> type:
+    check_policy_type(name)
+    module, cls = _IMPLEMENTED[name].split(":")
+    return getattr(importlib.import_module(module), cls)

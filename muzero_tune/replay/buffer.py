@@ -1,0 +1,252 @@
+"""The replay buffer: segments, one flat index of real transitions, priorities, sampling, write-back.
+
+Correctness boundary: exactly one owner (the driver process) mutates this object -- push, eviction,
+sampling, reanalyze write-back and priority write-back. Actors never see it.
+
+Layout: ``segments`` (oldest first) and three aligned flat arrays over the *real* transitions of those
+segments, in order: segment global index, position in segment, priority. A segment's global index is
+``base_idx`` + its list index; ``base_idx`` counts evicted segments, so a flat entry keeps naming the same
+transition until that transition is evicted. Padding transitions are never indexed: they exist only as
+targets of the real ones.
+
+Time: a logical clock ticks on every sample and every eviction. A sample records ``make_time``; an
+eviction records ``clear_time``. A priority write-back whose ``make_time`` is older than the last
+eviction is dropped whole, since its flat indices may have shifted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from muzero_tune.replay.segment import GameSegment
+
+
+@dataclass(frozen=True)
+class SampledIndices:
+    """What one prioritized draw returns; ``flat_index`` is the index actually used for the data."""
+
+    flat_index: np.ndarray  # [B] int64, into the buffer's flat arrays at make_time
+    segments: tuple[GameSegment, ...]  # [B]
+    positions: np.ndarray  # [B] int64, real position inside each segment
+    weights: np.ndarray  # [B] float32, importance weights (N * P(i))^-beta / max over the batch
+    make_time: int
+
+
+class _Growable:
+    """A 1-D numpy array with amortised append and O(1) drop-from-front (by offset)."""
+
+    def __init__(self, dtype):
+        self._a = np.zeros(1024, dtype=dtype)
+        self._lo = 0
+        self._hi = 0
+
+    def __len__(self) -> int:
+        return self._hi - self._lo
+
+    @property
+    def view(self) -> np.ndarray:
+        return self._a[self._lo : self._hi]
+
+    def extend(self, values: np.ndarray) -> None:
+        n = len(values)
+        if self._hi + n > len(self._a):
+            live = self.view.copy()
+            cap = max(2 * (len(live) + n), 1024)
+            self._a = np.zeros(cap, dtype=self._a.dtype)
+            self._a[: len(live)] = live
+            self._lo, self._hi = 0, len(live)
+        self._a[self._hi : self._hi + n] = values
+        self._hi += n
+
+    def drop_front(self, n: int) -> None:
+        self._lo += n
+
+
+class ReplayBuffer:
+    """Prioritized replay over real transitions of game segments (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        capacity_transitions: int,
+        use_priority: bool = True,
+        alpha: float = 0.6,
+        beta: float = 0.4,
+    ):
+        self.capacity_transitions = capacity_transitions
+        self.use_priority = use_priority
+        self.alpha = alpha
+        self.beta = beta
+        self.segments: list[GameSegment] = []
+        self._seg_idx = _Growable(np.int64)  # [N] global segment index
+        self._pos = _Growable(np.int64)  # [N] position inside the segment
+        self._priority = _Growable(np.float64)  # [N]
+        self.base_idx = 0  # segments evicted so far
+        self.clock = 0
+        self.clear_time = 0
+        self.pushed_transitions = 0
+        self.evicted_transitions = 0
+        self.pushed_segments = 0
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def num_transitions(self) -> int:
+        """Real transitions stored."""
+        return len(self._priority)
+
+    @property
+    def num_segments(self) -> int:
+        return len(self.segments)
+
+    @property
+    def priorities(self) -> np.ndarray:
+        return self._priority.view
+
+    @property
+    def max_priority(self) -> float:
+        return float(self._priority.view.max()) if len(self._priority) else 1.0
+
+    def lookup(self, flat_index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Flat indices [B] -> (global segment index [B], position [B])."""
+        return self._seg_idx.view[flat_index], self._pos.view[flat_index]
+
+    def segment(self, global_index: int) -> GameSegment:
+        return self.segments[global_index - self.base_idx]
+
+    @property
+    def nbytes(self) -> int:
+        arrays = 3 * 8 * self.num_transitions
+        return arrays + sum(s.nbytes for s in self.segments)
+
+    # ------------------------------------------------------------------ mutation
+
+    def push(self, segments: list[GameSegment]) -> int:
+        """Append segments (their real transitions become sampleable); evict to fit. Returns transitions added."""
+        added = 0
+        for seg in segments:
+            if seg.num_real <= 0:
+                continue
+            gidx = self.base_idx + len(self.segments)
+            self.segments.append(seg)
+            n = seg.num_real
+            self._seg_idx.extend(np.full(n, gidx, dtype=np.int64))
+            self._pos.extend(np.arange(n, dtype=np.int64))
+            if seg.priorities is not None and not self.use_priority:
+                pri = np.ones(n)
+            elif seg.priorities is not None:
+                pri = np.asarray(seg.priorities, dtype=np.float64)[:n]
+            else:
+                pri = np.full(n, self.max_priority)
+            self._priority.extend(pri)
+            added += n
+        self.pushed_transitions += added
+        self.pushed_segments += len(segments)
+        self.evict_to_fit()
+        return added
+
+    def evict_to_fit(self) -> int:
+        """Drop oldest whole segments until real transitions <= capacity. Returns transitions evicted."""
+        n_seg, n_tr = 0, 0
+        while self.num_transitions - n_tr > self.capacity_transitions and n_seg < len(self.segments):
+            n_tr += self.segments[n_seg].num_real
+            n_seg += 1
+        if n_seg:
+            del self.segments[:n_seg]
+            self._seg_idx.drop_front(n_tr)
+            self._pos.drop_front(n_tr)
+            self._priority.drop_front(n_tr)
+            self.base_idx += n_seg
+            self.clock += 1
+            self.clear_time = self.clock
+            self.evicted_transitions += n_tr
+        return n_tr
+
+    def update_priorities(self, flat_index: np.ndarray, priorities: np.ndarray, make_time: int) -> int:
+        """Write priorities for a sample drawn at ``make_time``; dropped whole if an eviction came since.
+
+        Returns the number of priorities written (0 when stale).
+        """
+        if make_time < self.clear_time:
+            return 0
+        pri = np.asarray(priorities, dtype=np.float64)
+        if not np.all(np.isfinite(pri)):
+            raise ValueError("priority write-back got a non-finite priority")
+        self._priority.view[np.asarray(flat_index)] = np.maximum(pri, 1e-8)
+        return len(pri)
+
+    # ------------------------------------------------------------------ sampling
+
+    def probabilities(self) -> np.ndarray:
+        """P(i) over the N real transitions: priority^alpha normalised (uniform without priorities)."""
+        n = self.num_transitions
+        if not self.use_priority:
+            return np.full(n, 1.0 / n)
+        p = self._priority.view ** self.alpha
+        return p / p.sum()
+
+    def sample(self, batch_size: int, rng: np.random.Generator) -> SampledIndices:
+        """Draw ``batch_size`` transitions with probability P(i) (with replacement)."""
+        n = self.num_transitions
+        if n == 0:
+            raise ValueError("sample() from an empty replay buffer")
+        probs = self.probabilities()
+        flat = rng.choice(n, size=batch_size, replace=True, p=probs)
+        w = (n * probs[flat]) ** (-self.beta)
+        w = (w / w.max()).astype(np.float32)
+        seg_idx, pos = self.lookup(flat)
+        segs = tuple(self.segments[g - self.base_idx] for g in seg_idx)
+        self.clock += 1
+        return SampledIndices(flat_index=flat, segments=segs, positions=pos, weights=w, make_time=self.clock)
+
+    def sample_oldest(self, count: int, partition: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """Uniform draw of ``count`` flat indices from the oldest ``partition`` fraction (buffer reanalyze).
+
+        Returns (global segment index [count], position [count]).
+        """
+        n = self.num_transitions
+        hi = max(1, int(n * partition))
+        flat = rng.integers(0, hi, size=min(count, hi))
+        return self.lookup(flat)
+
+    # ------------------------------------------------------------------ persistence
+
+    def state_dict(self) -> dict:
+        """Everything needed to rebuild the buffer exactly; tensors-free (numpy arrays and builtins)."""
+        segs = []
+        for s in self.segments:
+            segs.append(
+                {
+                    "frames": s.frames, "actions": s.actions, "rewards": s.rewards, "stats": dict(s.stats),
+                    "num_real": s.num_real, "frame_stack": s.frame_stack, "done": s.done,
+                    "terminal_at_end": s.terminal_at_end, "env_id": s.env_id, "episode_step0": s.episode_step0,
+                    "policy_version": s.policy_version,
+                }
+            )
+        return {
+            "segments": segs,
+            "priorities": self._priority.view.copy(),
+            "base_idx": self.base_idx,
+            "clock": self.clock,
+            "clear_time": self.clear_time,
+            "pushed_transitions": self.pushed_transitions,
+            "evicted_transitions": self.evicted_transitions,
+            "pushed_segments": self.pushed_segments,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.__init__(
+            capacity_transitions=self.capacity_transitions, use_priority=self.use_priority,
+            alpha=self.alpha, beta=self.beta,
+        )
+        segs = [GameSegment(**s) for s in state["segments"]]
+        self.push(segs)
+        self._priority.view[:] = state["priorities"]
+        for k in ("clock", "clear_time", "pushed_transitions", "evicted_transitions", "pushed_segments"):
+            setattr(self, k, int(state[k]))
+        # global indices continue where they were so no stale write-back can alias a new transition
+        shift = int(state["base_idx"]) - self.base_idx
+        self.base_idx += shift
+        self._seg_idx.view[:] += shift

@@ -1,0 +1,185 @@
+"""Training targets for sampled transitions: unrolled observations and actions, n-step value targets,
+reward and policy targets, and their validity masks.
+
+For a sample (segment, t) and unroll step k = 0..K, the unroll index is i = t + k; a segment stores M
+transitions (real + true-continuation padding) and observations 0..M.
+
+- value target z_i: with n = min(td_steps, M - i), z_i = sum_{j<n} gamma^j r_{i+j} + gamma^n v_target(o_{i+n}),
+  the bootstrap term dropped when o_{i+n} is the terminal state. Past M: 0 if the data ended in a terminal
+  state (absorbing), else unknown (masked out).
+- reward target for step k: r_{t+k}; past M: 0 if terminal, else masked.
+- policy target: the stored (or reanalyzed) visit distribution at i; past M masked.
+- actions past M are uniform random (their targets are absorbing or masked).
+
+Bootstrap values come from ``value_fn`` (the target model, supplied by the policy): this module never
+imports torch and never mutates the buffer except through the explicit reanalyze write-back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from muzero_tune.envs.spec import stack_frames
+from muzero_tune.replay.buffer import SampledIndices
+from muzero_tune.replay.segment import GameSegment
+
+ValueFn = Callable[[np.ndarray], np.ndarray]  # stacked obs [N, *obs_shape] -> value [N] float32
+ReanalyzeFn = Callable[[np.ndarray, np.ndarray], np.ndarray]  # obs [N, ...], legal [N, A] -> visits [N, A]
+
+
+@dataclass(frozen=True)
+class TrainBatch:
+    """One learner batch (numpy; the learner moves it to its device)."""
+
+    obs: np.ndarray  # [B, K+1 or 1, *obs_shape] stacked observations at t..t+K (clamped to M)
+    actions: np.ndarray  # [B, K] int64
+    target_value: np.ndarray  # [B, K+1] float32, raw scalars
+    target_reward: np.ndarray  # [B, K] float32, raw scalars
+    target_policy: np.ndarray  # [B, K+1, A] float32
+    value_mask: np.ndarray  # [B, K+1] float32
+    reward_mask: np.ndarray  # [B, K] float32
+    policy_mask: np.ndarray  # [B, K+1] float32
+    obs_mask: np.ndarray  # [B, K+1] float32, 1 where obs[:, k] is a real observation (SSL targets)
+    weights: np.ndarray  # [B] float32 importance weights
+    flat_index: np.ndarray  # [B] int64
+    make_time: int
+    extras: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.actions.shape[0])
+
+
+def n_step_targets(
+    seg: GameSegment, i: int, *, td_steps: int, discount: float
+) -> tuple[float, int | None, float, bool]:
+    """For unroll index i of ``seg``: (discounted reward sum, bootstrap obs index or None, gamma^n, valid).
+
+    The value target is ``reward_sum + gamma_n * v(obs[bootstrap])`` when a bootstrap index is returned.
+    """
+    m = seg.num_stored
+    if i >= m:
+        return 0.0, None, 0.0, seg.terminal_at_end
+    n = min(td_steps, m - i)
+    r = seg.rewards[i : i + n].astype(np.float64)
+    reward_sum = float(np.sum(r * discount ** np.arange(n)))
+    b = i + n
+    if b == m and seg.terminal_at_end:
+        return reward_sum, None, 0.0, True
+    return reward_sum, b, float(discount**n), True
+
+
+def make_batch(
+    sample: SampledIndices,
+    *,
+    num_unroll_steps: int,
+    td_steps: int,
+    discount: float,
+    num_actions: int,
+    value_fn: ValueFn,
+    rng: np.random.Generator,
+    all_obs: bool = True,
+    reanalyze_count: int = 0,
+    reanalyze_fn: ReanalyzeFn | None = None,
+) -> TrainBatch:
+    """Build the targets of a prioritized sample.
+
+    ``all_obs``: gather stacked observations for every unroll step (needed by the SSL loss), else only
+    k = 0. ``reanalyze_count``: the first that many samples get fresh policy targets from
+    ``reanalyze_fn`` (a search with the target model), written back into their segments' stored
+    ``child_visits``.
+    """
+    k_steps = num_unroll_steps
+    bsz = len(sample.positions)
+    actions = np.empty((bsz, k_steps), dtype=np.int64)
+    target_reward = np.zeros((bsz, k_steps), dtype=np.float32)
+    reward_mask = np.zeros((bsz, k_steps), dtype=np.float32)
+    target_value = np.zeros((bsz, k_steps + 1), dtype=np.float32)
+    value_mask = np.zeros((bsz, k_steps + 1), dtype=np.float32)
+    policy_mask = np.zeros((bsz, k_steps + 1), dtype=np.float32)
+    obs_mask = np.zeros((bsz, k_steps + 1), dtype=np.float32)
+    target_policy = np.zeros((bsz, k_steps + 1, num_actions), dtype=np.float32)
+
+    if reanalyze_count > 0 and reanalyze_fn is not None:
+        reanalyze_positions(sample.segments[:reanalyze_count], sample.positions[:reanalyze_count],
+                            span=k_steps + 1, reanalyze_fn=reanalyze_fn)
+
+    frame_ndim = sample.segments[0].frames.ndim - 1
+    boot_obs: list[np.ndarray] = []
+    boot_where: list[tuple[int, int, float]] = []
+    n_obs = k_steps + 1 if all_obs else 1
+    frames = []
+    for b, (seg, t) in enumerate(zip(sample.segments, sample.positions)):
+        t = int(t)
+        m = seg.num_stored
+        obs_pos = np.minimum(np.arange(t, t + n_obs), m)
+        frames.append(seg.stacked_obs(obs_pos))
+        obs_mask[b, : n_obs] = (np.arange(t, t + n_obs) <= m)[: n_obs]
+        for k in range(k_steps + 1):
+            i = t + k
+            rsum, boot, gamma_n, valid = n_step_targets(seg, i, td_steps=td_steps, discount=discount)
+            value_mask[b, k] = float(valid)
+            target_value[b, k] = rsum
+            if boot is not None:
+                boot_obs.append(seg.stacked_obs(np.array([boot]))[0])
+                boot_where.append((b, k, gamma_n))
+            if i < m:
+                target_policy[b, k] = seg.stats["child_visits"][i]
+                policy_mask[b, k] = 1.0
+            if k < k_steps:
+                if i < m:
+                    actions[b, k] = seg.actions[i]
+                    target_reward[b, k] = seg.rewards[i]
+                    reward_mask[b, k] = 1.0
+                else:
+                    actions[b, k] = rng.integers(num_actions)
+                    reward_mask[b, k] = float(seg.terminal_at_end)
+
+    if boot_obs:
+        values = value_fn(stack_frames(np.stack(boot_obs), frame_ndim=frame_ndim))
+        for (b, k, gamma_n), v in zip(boot_where, values):
+            target_value[b, k] += gamma_n * float(v)
+
+    return TrainBatch(
+        obs=stack_frames(np.stack(frames), frame_ndim=frame_ndim),
+        actions=actions,
+        target_value=target_value,
+        target_reward=target_reward,
+        target_policy=target_policy,
+        value_mask=value_mask,
+        reward_mask=reward_mask,
+        policy_mask=policy_mask,
+        obs_mask=obs_mask,
+        weights=sample.weights,
+        flat_index=sample.flat_index,
+        make_time=sample.make_time,
+    )
+
+
+def reanalyze_positions(
+    segments: tuple[GameSegment, ...] | list[GameSegment],
+    positions: np.ndarray,
+    *,
+    span: int,
+    reanalyze_fn: ReanalyzeFn,
+) -> int:
+    """Re-search positions t..t+span-1 (within stored data) of each segment; write the visit
+    distributions back into ``stats['child_visits']``. Returns the number of positions re-searched."""
+    where: list[tuple[GameSegment, int]] = []
+    obs: list[np.ndarray] = []
+    legal: list[np.ndarray] = []
+    for seg, t in zip(segments, positions):
+        for i in range(int(t), min(int(t) + span, seg.num_stored)):
+            where.append((seg, i))
+            obs.append(seg.stacked_obs(np.array([i]))[0])
+            legal.append(seg.stats["legal_mask"][i])
+    if not where:
+        return 0
+    frame_ndim = segments[0].frames.ndim - 1
+    visits = reanalyze_fn(stack_frames(np.stack(obs), frame_ndim=frame_ndim), np.stack(legal))
+    for (seg, i), v in zip(where, visits):
+        seg.stats["child_visits"][i] = v
+    return len(where)
