@@ -380,7 +380,13 @@ def _coerce(key: str, tp: Any, value: Any) -> Any:
         inner = [a for a in args if a is not type(None)]
         return _coerce(key, inner[0], value)
     if isinstance(value, str) and tp is not str:
-        value = yaml.safe_load(value)
+        raw = value
+        value = yaml.safe_load(raw)
+        if isinstance(value, str) and tp in (int, float):
+            try:  # YAML 1.1 reads "1e-3" as a string
+                value = float(raw)
+            except ValueError:
+                pass
     if origin is tuple:
         (elem,) = typing.get_args(tp)[:1]
         if isinstance(value, (int, float)) and not isinstance(value, bool):

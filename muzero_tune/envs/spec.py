@@ -1,0 +1,136 @@
+"""Environment shape contract: the `EnvSpec` record and the frame-stacking rule.
+
+This module owns *what the model sees* and nothing about how environments are built:
+
+* an environment made by :func:`muzero_tune.envs.make_env` emits ONE frame per step
+  (vector ``[D]`` float32, or image ``[C, H, W]`` uint8, channel-first);
+* replay stores those single frames, and the model input is rebuilt from the last
+  ``frame_stack`` of them with :func:`stack_frames`:
+
+  - vectors ``[stack, D]`` -> ``[stack * D]`` (concatenation, oldest first);
+  - images ``[stack, C, H, W]`` -> ``[stack * C, H, W]`` (concatenation on the channel axis).
+
+Both rules are a single ``reshape`` of a contiguous ``[..., stack, *frame_shape]`` block, so stacking
+never copies when the frames already sit next to each other in memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+__all__ = ["ActionKind", "EnvSpec", "stack_frames"]
+
+ActionKind = Literal["discrete", "continuous"]
+
+# Frame ranks the rest of the library understands: vector observations and channel-first images.
+_VECTOR_NDIM = 1
+_IMAGE_NDIM = 3
+
+
+def stack_frames(frames: Any, *, frame_ndim: int | None = None) -> Any:
+    """Merge a window of single frames into one model input.
+
+    Args:
+        frames: ``[..., stack, *frame_shape]`` with any number of leading batch dims; frames are ordered
+            oldest first. A numpy array (a torch tensor works too: only ``.ndim``, ``.shape`` and
+            ``.reshape`` are used).
+        frame_ndim: rank of ONE frame: 1 for vectors ``[D]``, 3 for images ``[C, H, W]``. When ``None`` it
+            is inferred as 3 if ``frames.ndim >= 4`` else 1. That guess is wrong for vector frames with two
+            or more leading dims (``[B, T, stack, D]``): pass ``frame_ndim=1`` there, or use
+            :meth:`EnvSpec.stack`, which knows the frame rank.
+
+    Returns:
+        ``[..., stack * C, H, W]`` for images or ``[..., stack * D]`` for vectors. A view of ``frames``
+        (no copy) when ``frames`` is contiguous; ``reshape`` copies otherwise.
+    """
+    if frame_ndim is None:
+        frame_ndim = _IMAGE_NDIM if frames.ndim >= 4 else _VECTOR_NDIM
+    if frame_ndim not in (_VECTOR_NDIM, _IMAGE_NDIM):
+        raise ValueError(f"frame_ndim must be 1 (vector) or 3 (image), got {frame_ndim}")
+    if frames.ndim < frame_ndim + 1:
+        raise ValueError(
+            f"frames must be [..., stack, *frame_shape] with a {frame_ndim}-d frame, "
+            f"got shape {tuple(frames.shape)}"
+        )
+    shape = tuple(frames.shape)
+    stack_axis = len(shape) - frame_ndim - 1
+    leading, stack, frame_shape = shape[:stack_axis], shape[stack_axis], shape[stack_axis + 1 :]
+    return frames.reshape((*leading, stack * frame_shape[0], *frame_shape[1:]))
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """What one environment emits and what the model consumes.
+
+    Attributes:
+        env_id: gymnasium id, e.g. ``"CartPole-v1"`` or ``"ALE/Pong-v5"``.
+        frame_shape: shape of ONE emitted frame: ``(D,)`` for vectors, ``(C, H, W)`` for images.
+        frame_dtype: numpy dtype name of a frame: ``"float32"`` (vectors) or ``"uint8"`` (images).
+        frame_stack: number of consecutive frames the model sees (>= 1).
+        num_actions: size of the discrete action set; 0 for continuous actions.
+        action_kind: ``"discrete"`` or ``"continuous"``.
+        action_dim: length of a continuous action vector; 0 for discrete actions.
+    """
+
+    env_id: str
+    frame_shape: tuple[int, ...]
+    frame_dtype: str
+    frame_stack: int
+    num_actions: int
+    action_kind: ActionKind
+    action_dim: int = 0
+
+    def __post_init__(self) -> None:
+        # Normalise list-like shapes from configs so equality and hashing stay value-based.
+        object.__setattr__(self, "frame_shape", tuple(int(d) for d in self.frame_shape))
+        if len(self.frame_shape) not in (_VECTOR_NDIM, _IMAGE_NDIM) or min(self.frame_shape) <= 0:
+            raise ValueError(
+                f"frame_shape must be (D,) or (C, H, W) with positive sizes, got {self.frame_shape}"
+            )
+        if np.dtype(self.frame_dtype).name != self.frame_dtype:
+            raise ValueError(f"frame_dtype must be a numpy dtype name like 'uint8', got {self.frame_dtype!r}")
+        if (
+            isinstance(self.frame_stack, bool)
+            or not isinstance(self.frame_stack, int)
+            or self.frame_stack < 1
+        ):
+            raise ValueError(f"env.frame_stack: must be an integer >= 1, got {self.frame_stack!r}")
+        if self.action_kind == "discrete":
+            if self.num_actions < 1 or self.action_dim != 0:
+                raise ValueError(
+                    f"discrete actions need num_actions >= 1 and action_dim 0, "
+                    f"got {self.num_actions} / {self.action_dim}"
+                )
+        elif self.action_kind == "continuous":
+            if self.action_dim < 1 or self.num_actions != 0:
+                raise ValueError(
+                    f"continuous actions need action_dim >= 1 and num_actions 0, "
+                    f"got {self.action_dim} / {self.num_actions}"
+                )
+        else:
+            raise ValueError(f"action_kind must be 'discrete' or 'continuous', got {self.action_kind!r}")
+
+    @property
+    def is_image(self) -> bool:
+        """True for channel-first image frames ``[C, H, W]``."""
+        return len(self.frame_shape) == _IMAGE_NDIM
+
+    @property
+    def frame_ndim(self) -> int:
+        """Rank of one frame: 1 (vector) or 3 (image)."""
+        return len(self.frame_shape)
+
+    @property
+    def obs_shape(self) -> tuple[int, ...]:
+        """Stacked model-input shape: ``(stack * D,)`` or ``(stack * C, H, W)``."""
+        return (self.frame_stack * self.frame_shape[0], *self.frame_shape[1:])
+
+    def stack(self, frames: Any) -> Any:
+        """:func:`stack_frames` with this spec's frame rank.
+
+        ``[..., stack, *frame_shape]`` -> ``[..., *obs_shape]``.
+        """
+        return stack_frames(frames, frame_ndim=self.frame_ndim)

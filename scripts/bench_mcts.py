@@ -1,0 +1,195 @@
+"""Benchmark the batched MuZero search kernels (network excluded).
+
+What this script owns
+    Timing of the tree work only: the two kernel calls per simulation (select; expand + backup), measured
+    directly on precomputed random network outputs, the whole ``MuZeroSearch.run()`` with a zero-cost
+    ``recurrent_fn``, and the numba compile time cold vs loaded from the on-disk cache.
+
+What it must never do
+    Time the network or depend on a model (a later section comparing search time with the real network per
+    collect step gets appended to ``SECTIONS``), or leave numba cache files outside a temporary directory
+    when measuring cold compiles.
+
+Usage: ``python scripts/bench_mcts.py [--batch-sizes 8 64] [--num-actions 2 18] [--num-simulations 50]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+
+from muzero_tune.mcts import MuZeroSearch, TreeArrays, kernels
+
+LATENT_SIZE = 64  # width of the dummy latent for run(); only affects the torch gather/copy cost
+
+
+def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    """Print a fixed-width table (floats with 3 decimals)."""
+    cells = [[f"{c:.3f}" if isinstance(c, float) else str(c) for c in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(header)]
+    print(f"\n## {title}")
+    print("  ".join(h.rjust(w) for h, w in zip(header, widths)))
+    print("  ".join("-" * w for w in widths))
+    for r in cells:
+        print("  ".join(c.rjust(w) for c, w in zip(r, widths)))
+
+
+def _random_network_outputs(rng: np.random.Generator, *, batch_size: int, num_actions: int,
+                            num_simulations: int):
+    """Precomputed decoded outputs: reward [S, B], value [S, B] float32, logits [S, B, A] float32."""
+    shape = (num_simulations, batch_size)
+    reward = rng.normal(size=shape).astype(np.float32)
+    value = rng.normal(size=shape).astype(np.float32)
+    logits = rng.normal(size=(*shape, num_actions)).astype(np.float32)
+    return reward, value, logits
+
+
+def time_kernels(*, batch_size: int, num_actions: int, num_simulations: int, repeats: int,
+                 rng: np.random.Generator) -> tuple[float, float]:
+    """Return (select_us, expand_backup_us) per simulation per tree, timing each kernel call directly."""
+    tree = TreeArrays(num_actions=num_actions, batch_capacity=batch_size, node_capacity=num_simulations + 1)
+    reward, value, logits = _random_network_outputs(rng, batch_size=batch_size, num_actions=num_actions,
+                                                    num_simulations=num_simulations)
+    tree.root_logits[:] = rng.normal(size=(batch_size, num_actions))
+    tree.root_legal[:] = True
+    tree.root_noise[:] = rng.standard_gamma(0.3, size=(batch_size, num_actions))
+    pb_c_base, pb_c_init, discount, value_delta_max = 19652.0, 1.25, 0.997, 0.01
+    select_ns = 0
+    backup_ns = 0
+    clock = time.perf_counter_ns
+    t = tree  # short alias: the kernels take every array explicitly
+    for _ in range(repeats):
+        kernels.prepare_roots(t.children, t.prior, t.visit_count, t.value_sum, t.reward, t.min_value,
+                              t.max_value, t.root_legal, t.root_logits, t.root_noise, batch_size,
+                              num_simulations + 1, True, 0.25)
+        for sim in range(num_simulations):
+            # Staging is not kernel work: do it before the timed calls (outputs do not depend on the choice).
+            t.leaf_reward[:] = reward[sim]
+            t.leaf_value[:] = value[sim]
+            t.leaf_logits[:] = logits[sim]
+            t0 = clock()
+            kernels.select_leaves(t.children, t.prior, t.visit_count, t.value_sum, t.reward, t.min_value,
+                                  t.max_value, t.root_legal, t.path, t.path_len, t.sel_parent, t.sel_action,
+                                  batch_size, pb_c_base, pb_c_init, discount, value_delta_max, True)
+            t1 = clock()
+            kernels.expand_and_backup(t.children, t.prior, t.visit_count, t.value_sum, t.reward,
+                                      t.min_value, t.max_value, t.path, t.path_len, t.sel_parent,
+                                      t.sel_action, t.leaf_reward, t.leaf_value, t.leaf_logits, sim + 1,
+                                      batch_size, discount)
+            t2 = clock()
+            select_ns += t1 - t0
+            backup_ns += t2 - t1
+    per_sim_tree = 1e-3 / (repeats * num_simulations * batch_size)  # ns -> us, per simulation per tree
+    return select_ns * per_sim_tree, backup_ns * per_sim_tree
+
+
+def time_full_run(*, batch_size: int, num_actions: int, num_simulations: int, repeats: int,
+                  rng: np.random.Generator) -> float:
+    """Return microseconds per simulation per tree of ``MuZeroSearch.run()`` with a zero-cost recurrent_fn
+    (returns precomputed outputs and its input latent), i.e. kernels + Python driver + latent gather/copy."""
+    reward, value, logits = _random_network_outputs(rng, batch_size=batch_size, num_actions=num_actions,
+                                                    num_simulations=num_simulations)
+    step = [0]
+
+    def recurrent_fn(latent: torch.Tensor, actions: np.ndarray):
+        i = step[0] % num_simulations
+        step[0] += 1
+        return latent, reward[i], value[i], logits[i]
+
+    search = MuZeroSearch(num_actions=num_actions, num_simulations=num_simulations)
+    root_latent = torch.zeros(batch_size, LATENT_SIZE)
+    root_logits = rng.normal(size=(batch_size, num_actions)).astype(np.float32)
+    legal = np.ones((batch_size, num_actions), dtype=bool)
+    run_rng = np.random.default_rng(0)
+
+    def run_once() -> None:
+        search.run(root_latent=root_latent, root_policy_logits=root_logits, legal_mask=legal,
+                   recurrent_fn=recurrent_fn, add_noise=True, deterministic=False, rng=run_rng)
+
+    run_once()  # warm-up: buffer allocation
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        run_once()
+    return (time.perf_counter() - t0) * 1e6 / (repeats * num_simulations * batch_size)
+
+
+def section_kernels(args: argparse.Namespace) -> None:
+    rng = np.random.default_rng(args.seed)
+    rows = []
+    for num_actions in args.num_actions:
+        for batch_size in args.batch_sizes:
+            cfg = dict(batch_size=batch_size, num_actions=num_actions, num_simulations=args.num_simulations)
+            select_us, backup_us = time_kernels(repeats=args.repeats, rng=rng, **cfg)
+            run_us = time_full_run(repeats=max(args.repeats // 4, 1), rng=rng, **cfg)
+            rows.append([batch_size, num_actions, args.num_simulations, select_us, backup_us,
+                         select_us + backup_us, run_us, run_us * batch_size])
+    print_table(
+        "Tree work per simulation (network excluded; us = microseconds)",
+        ["B", "A", "sims", "select us/sim/tree", "expand+backup us/sim/tree", "kernels us/sim/tree",
+         "run() us/sim/tree", "run() us/sim (batch)"],
+        rows,
+    )
+
+
+_COMPILE_PROBE = """
+import time
+t0 = time.perf_counter()
+import numpy as np, torch
+from muzero_tune.mcts import MuZeroSearch
+t1 = time.perf_counter()
+zero = np.zeros(1, np.float32)
+MuZeroSearch(num_actions=2, num_simulations=2).run(
+    root_latent=torch.zeros(1, 1), root_policy_logits=np.zeros((1, 2), np.float32),
+    legal_mask=np.ones((1, 2), bool), add_noise=True, deterministic=False, rng=np.random.default_rng(0),
+    recurrent_fn=lambda z, a: (z, zero, zero, np.zeros((1, 2), np.float32)))
+print(time.perf_counter() - t1)
+"""
+
+
+def section_compile(args: argparse.Namespace) -> None:
+    if args.skip_compile_timing:
+        return
+    rows = []
+    with tempfile.TemporaryDirectory() as cache_dir:  # private cache: "cold" really is cold
+        env = dict(os.environ, NUMBA_CACHE_DIR=cache_dir)
+        for label in ("cold (empty cache)", "cached (on-disk)"):
+            out = subprocess.run([sys.executable, "-c", _COMPILE_PROBE], env=env, check=True,
+                                 capture_output=True, text=True)
+            rows.append([label, float(out.stdout.strip().splitlines()[-1])])
+    print_table("numba compile time: first run() in a fresh process", ["cache", "seconds"], rows)
+
+
+# Sections run in order; later benchmark parts (e.g. search vs network per collect step) append theirs here.
+SECTIONS: list[Callable[[argparse.Namespace], None]] = [section_kernels, section_compile]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[8, 64])
+    p.add_argument("--num-actions", type=int, nargs="+", default=[2, 18])
+    p.add_argument("--num-simulations", type=int, default=50)
+    p.add_argument("--repeats", type=int, default=200, help="searches timed per configuration")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--skip-compile-timing", action="store_true", help="skip the cold/cached compile probe")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    torch.set_num_threads(1)
+    # Compile (or load from cache) before timing anything.
+    time_kernels(batch_size=1, num_actions=2, num_simulations=2, repeats=1, rng=np.random.default_rng(0))
+    for section in SECTIONS:
+        section(args)
+
+
+if __name__ == "__main__":
+    main()

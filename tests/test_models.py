@@ -1,0 +1,219 @@
+"""Tests for the MuZero networks (muzero_tune.models.muzero_net)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from torch import nn
+
+from muzero_tune.models import (
+    ConvMuZeroNet,
+    InitialOutput,
+    MLPMuZeroNet,
+    MuZeroNetwork,
+    RecurrentOutput,
+    build_network,
+    logits_to_scalar,
+    normalize_latent,
+)
+
+B = 4
+A = 3
+SV = 20
+SR = 10
+
+
+def _mlp() -> MLPMuZeroNet:
+    torch.manual_seed(0)
+    return MLPMuZeroNet(
+        obs_dim=5,
+        num_actions=A,
+        latent_dim=16,
+        hidden_dim=32,
+        value_support_size=SV,
+        reward_support_size=SR,
+        projection_dim=24,
+    )
+
+
+def _conv(size: int = 64, **kwargs) -> ConvMuZeroNet:
+    torch.manual_seed(0)
+    defaults = dict(
+        obs_shape=(6, size, size),
+        num_actions=A,
+        num_channels=8,
+        num_res_blocks=1,
+        value_support_size=SV,
+        reward_support_size=SR,
+        reduced_channels=4,
+        fc_hidden=16,
+        projection_dim=32,
+    )
+    defaults.update(kwargs)
+    return ConvMuZeroNet(**defaults)
+
+
+def _obs(net: MuZeroNetwork, batch: int = B, *, uint8: bool = False) -> torch.Tensor:
+    if isinstance(net, MLPMuZeroNet):
+        return torch.randn(batch, net.obs_dim)
+    if uint8:
+        return torch.randint(0, 256, (batch, *net.obs_shape), dtype=torch.uint8)
+    return torch.rand(batch, *net.obs_shape)
+
+
+NETS = {"mlp": _mlp, "conv": _conv}
+
+
+@pytest.mark.parametrize("kind", list(NETS))
+def test_output_shapes_and_types(kind):
+    net = NETS[kind]()
+    assert net.num_actions == A and net.value_support_size == SV and net.reward_support_size == SR
+    init = net.initial_inference(_obs(net))
+    assert isinstance(init, InitialOutput)
+    assert init.latent.shape == (B, *net.latent_shape)
+    assert init.value_logits.shape == (B, 2 * SV + 1)
+    assert init.policy_logits.shape == (B, A)
+
+    rec = net.recurrent_inference(init.latent, torch.tensor([0, 1, 2, 1]))
+    assert isinstance(rec, RecurrentOutput)
+    assert rec.latent.shape == (B, *net.latent_shape)
+    assert rec.reward_logits.shape == (B, 2 * SR + 1)
+    assert rec.value_logits.shape == (B, 2 * SV + 1)
+    assert rec.policy_logits.shape == (B, A)
+
+    assert net.represent(_obs(net)).shape == (B, *net.latent_shape)
+    assert net.project(init.latent, with_prediction_head=True).shape == (B, net.projection_dim)
+    assert net.project(init.latent, with_prediction_head=False).shape == (B, net.projection_dim)
+
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        init.latent = init.latent  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("kind", list(NETS))
+def test_latents_are_min_max_normalised(kind):
+    net = NETS[kind]()
+    latent = net.initial_inference(_obs(net) * 10.0).latent
+    for _ in range(3):
+        flat = latent.flatten(1)
+        assert flat.min() >= 0.0 and flat.max() <= 1.0
+        # Each sample spans the full [0, 1] range (non-degenerate latent).
+        torch.testing.assert_close(flat.min(1).values, torch.zeros(B))
+        torch.testing.assert_close(flat.max(1).values, torch.ones(B), atol=1e-4, rtol=0)
+        latent = net.recurrent_inference(latent, torch.randint(0, A, (B,))).latent
+
+
+def test_normalize_latent_constant_input_is_finite():
+    out = normalize_latent(torch.full((2, 3, 2, 2), 7.0))
+    assert torch.isfinite(out).all() and (out == 0).all()
+
+
+def test_conv_accepts_uint8_and_scales_like_float():
+    net = _conv().eval()
+    obs = _obs(net, uint8=True)
+    with torch.no_grad():
+        a = net.initial_inference(obs)
+        b = net.initial_inference(obs.float() / 255.0)
+    torch.testing.assert_close(a.latent, b.latent)
+    torch.testing.assert_close(a.policy_logits, b.policy_logits)
+
+
+def test_mlp_flattens_and_casts_obs():
+    net = _mlp().eval()
+    obs = torch.randn(B, 5, dtype=torch.float64)
+    with torch.no_grad():
+        out = net.initial_inference(obs)
+        ref = net.initial_inference(obs.float().view(B, 1, 5))
+    assert out.latent.dtype == torch.float32
+    torch.testing.assert_close(out.latent, ref.latent)
+
+
+@pytest.mark.parametrize("size, expected", [(64, 4), (96, 6)])
+def test_conv_downsampling_resolution(size, expected):
+    net = _conv(size)
+    assert net.latent_shape == (8, expected, expected)
+    latent = net.initial_inference(_obs(net, 2, uint8=True)).latent
+    assert latent.shape == (2, 8, expected, expected)
+
+
+def test_conv_without_downsampling_keeps_resolution():
+    net = _conv(10, downsample=False)
+    assert net.latent_shape == (8, 10, 10)
+    out = net.recurrent_inference(net.represent(_obs(net, 2)), torch.tensor([0, 2]))
+    assert out.latent.shape == (2, 8, 10, 10)
+
+
+@pytest.mark.parametrize("kind", list(NETS))
+def test_gradients_reach_every_parameter(kind):
+    net = NETS[kind]()
+    # The value/reward output layers start at zero, which blocks gradient to the layers behind
+    # them at step 0 by design; give every all-zero tensor small values to test connectivity.
+    with torch.no_grad():
+        for p in net.parameters():
+            if p.abs().sum() == 0:
+                p.normal_(std=0.05)
+    obs, next_obs = _obs(net), _obs(net)
+    init = net.initial_inference(obs)
+    rec = net.recurrent_inference(init.latent, torch.randint(0, A, (B,)))
+    online = net.project(rec.latent, with_prediction_head=True)
+    target = net.project(net.represent(next_obs), with_prediction_head=False)
+    loss = (
+        init.value_logits.logsumexp(-1).sum()
+        + init.policy_logits.logsumexp(-1).sum()
+        + rec.reward_logits.logsumexp(-1).sum()
+        + rec.value_logits.logsumexp(-1).sum()
+        + rec.policy_logits.logsumexp(-1).sum()
+        + (online * torch.randn_like(online)).sum()
+        + (target * torch.randn_like(target)).sum()
+    )
+    loss.backward()
+    names = [n for n, p in net.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
+    assert names == []
+    assert all(torch.isfinite(p.grad).all() for p in net.parameters())
+
+
+@pytest.mark.parametrize("kind", list(NETS))
+def test_fresh_value_and_reward_decode_to_zero(kind):
+    net = NETS[kind]()
+    init = net.initial_inference(_obs(net))
+    rec = net.recurrent_inference(init.latent, torch.randint(0, A, (B,)))
+    assert logits_to_scalar(init.value_logits, support_size=SV).abs().max() < 1e-5
+    assert logits_to_scalar(rec.value_logits, support_size=SV).abs().max() < 1e-5
+    assert logits_to_scalar(rec.reward_logits, support_size=SR).abs().max() < 1e-5
+    # The policy head is not zeroed: priors must still depend on the state.
+    assert init.policy_logits.std() > 0
+
+
+def test_action_changes_dynamics():
+    for net in (_mlp().eval(), _conv().eval()):
+        with torch.no_grad():
+            latent = net.represent(_obs(net, 1)).expand(A, *net.latent_shape)
+            out = net.recurrent_inference(latent, torch.arange(A))
+        assert not torch.allclose(out.latent[0], out.latent[1])
+
+
+def test_action_batch_mismatch_raises():
+    net = _mlp()
+    with pytest.raises(ValueError, match="action batch"):
+        net.recurrent_inference(torch.rand(B, 16), torch.zeros(B + 1, dtype=torch.long))
+
+
+def test_build_network_kinds():
+    mlp = build_network(kind="mlp", obs_shape=(2, 3), num_actions=2, latent_dim=8, value_support_size=5)
+    assert isinstance(mlp, MLPMuZeroNet) and mlp.obs_dim == 6 and mlp.latent_shape == (8,)
+    conv = build_network(kind="conv", obs_shape=(3, 32, 32), num_actions=4, num_channels=4)
+    assert isinstance(conv, ConvMuZeroNet) and conv.latent_shape == (4, 2, 2)
+    assert isinstance(mlp, nn.Module) and isinstance(conv, MuZeroNetwork)
+
+
+def test_build_network_unknown_kind_message():
+    with pytest.raises(ValueError) as info:
+        build_network(kind="transformer", obs_shape=(4,), num_actions=2)
+    msg = str(info.value)
+    assert "model.kind" in msg and "'transformer'" in msg and "mlp" in msg and "conv" in msg
+
+
+def test_conv_rejects_bad_obs_shape():
+    with pytest.raises(ValueError, match="obs_shape"):
+        ConvMuZeroNet(obs_shape=(64, 64), num_actions=2)
