@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-
 import gymnasium as gym
 import numpy as np
 import torch
@@ -19,23 +17,9 @@ import torch
 from muzero_tune.config import ExperimentConfig
 from muzero_tune.envs import action_mask_from_info, make_env, stack_frames
 from muzero_tune.envs.spec import EnvSpec
+from muzero_tune.pipeline.messages import CollectResult
 from muzero_tune.policies.base import Policy
 from muzero_tune.replay.segment import GameSegment, SegmentBuilder
-
-
-@dataclass(frozen=True)
-class CollectResult:
-    """One ``collect()`` call's output; crosses process boundaries in the async pipeline."""
-
-    segments: tuple[GameSegment, ...]
-    envstep_delta: int  # env steps taken in this call
-    real_transitions: int  # sum of segments' num_real
-    policy_version: int  # weights version used for the whole call
-    episode_returns: tuple[float, ...]  # episodes finished in this call
-    episode_lengths: tuple[int, ...]
-    duration_s: float
-    search_s: float  # time inside policy.act (search + network)
-    actor_id: int = 0
 
 
 def env_factory(cfg: ExperimentConfig, *, evaluation: bool = False) -> Callable[[int], gym.Env]:

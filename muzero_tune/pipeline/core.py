@@ -19,8 +19,7 @@ from muzero_tune.config import ExperimentConfig, to_flat_dict
 from muzero_tune.envs import env_spec
 from muzero_tune.pipeline import schedule
 from muzero_tune.pipeline.checkpoint import to_numpy_tree
-from muzero_tune.pipeline.collector import CollectResult
-from muzero_tune.pipeline.evaluator import EvalResult
+from muzero_tune.pipeline.messages import CollectResult, EvalResult
 from muzero_tune.pipeline.learner import Learner, LearnOutput
 from muzero_tune.pipeline.reporter import Reporter
 from muzero_tune.policies.registry import get_policy_class

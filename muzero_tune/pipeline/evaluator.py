@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-
 import gymnasium as gym
 import numpy as np
 import torch
@@ -19,21 +17,8 @@ from muzero_tune.config import ExperimentConfig
 from muzero_tune.envs import action_mask_from_info, stack_frames
 from muzero_tune.envs.spec import EnvSpec
 from muzero_tune.pipeline.collector import env_factory
+from muzero_tune.pipeline.messages import EvalResult
 from muzero_tune.policies.base import Policy
-
-
-@dataclass(frozen=True)
-class EvalResult:
-    """One evaluation of one weights version; crosses process boundaries in the async pipeline."""
-
-    reward_mean: float
-    reward_std: float
-    episode_returns: tuple[float, ...]
-    episode_lengths: tuple[int, ...]
-    envsteps: int
-    duration_s: float
-    policy_version: int
-    actor_id: int = 0
 
 
 class Evaluator:

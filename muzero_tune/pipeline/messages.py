@@ -1,0 +1,66 @@
+"""Messages that cross process boundaries: every one is a frozen dataclass.
+
+Collectors and evaluators receive :class:`WeightsSnapshot` (an immutable, versioned CPU copy of the
+weights, put into the Ray object store once per version) and return :class:`CollectResult` /
+:class:`EvalResult` tagged with the version they used. Nothing mutable is shared.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from muzero_tune.replay.segment import GameSegment
+
+
+def weights_digest(weights: dict[str, Any]) -> str:
+    """A content hash of a weights dict (tensors or arrays): equal digests mean bit-identical weights."""
+    h = hashlib.blake2b(digest_size=16)
+    for k in sorted(weights):
+        v = weights[k]
+        a = v.detach().cpu().numpy() if hasattr(v, "detach") else np.asarray(v)
+        h.update(k.encode())
+        h.update(str(a.dtype).encode())
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class WeightsSnapshot:
+    """One published weights version. ``ref`` holds ``{name: np.ndarray}`` (CPU) in the object store."""
+
+    version: int  # the learner's train_iter when the snapshot was taken
+    ref: Any  # ray.ObjectRef (kept out of the type so this module does not import Ray)
+    digest: str  # weights_digest of the snapshot
+
+
+@dataclass(frozen=True)
+class CollectResult:
+    """One ``collect()`` call's output; crosses process boundaries in the async pipeline."""
+
+    segments: tuple[GameSegment, ...]
+    envstep_delta: int  # env steps taken in this call
+    real_transitions: int  # sum of segments' num_real
+    policy_version: int  # weights version used for the whole call
+    episode_returns: tuple[float, ...]  # episodes finished in this call
+    episode_lengths: tuple[int, ...]
+    duration_s: float
+    search_s: float  # time inside policy.act (search + network)
+    actor_id: int = 0
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """One evaluation of one weights version; crosses process boundaries in the async pipeline."""
+
+    reward_mean: float
+    reward_std: float
+    episode_returns: tuple[float, ...]
+    episode_lengths: tuple[int, ...]
+    envsteps: int
+    duration_s: float
+    policy_version: int
+    actor_id: int = 0
