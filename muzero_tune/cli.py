@@ -26,11 +26,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     tr = sub.add_parser(
-        "train", help="train one agent (sync pipeline)",
+        "train", help="train one agent (sync pipeline, or async with --async-pipeline)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="settings (use with --set KEY=VALUE):\n" + describe_fields(),
     )
     _config_args(tr)
+    tr.add_argument("--async-pipeline", action="store_true",
+                    help="run the async pipeline (Ray actors); same as --set policy.async_pipeline.enabled=true")
     tr.add_argument("--resume", metavar="CHECKPOINT", help="continue from a checkpoint file or run folder")
     tr.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
 
@@ -44,13 +46,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    cfg = make_config(args.preset, yaml_path=args.config, overrides=parse_set_args(args.overrides))
+    overrides = parse_set_args(args.overrides)
+    if args.async_pipeline:
+        overrides["policy.async_pipeline.enabled"] = "true"
+    cfg = make_config(args.preset, yaml_path=args.config, overrides=overrides)
     if args.print_config:
         print(json.dumps(to_flat_dict(cfg), indent=1))
         return 0
-    from muzero_tune.pipeline.sync_driver import run_dir, train_muzero_segment
+    from muzero_tune.pipeline.sync_driver import run_dir, train
 
-    summary = train_muzero_segment(cfg, resume_from=args.resume)
+    summary = train(cfg, resume_from=args.resume)
     last = summary.evals[-1] if summary.evals else {}
     print(
         f"[muzero-tune] stopped ({summary.stop_reason}): env_steps={summary.env_steps} "
@@ -62,9 +67,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 def _cmd_eval(args: argparse.Namespace) -> int:
     from muzero_tune.pipeline.checkpoint import load_policy
-    from muzero_tune.pipeline.core import setup_torch_threads
+    from muzero_tune.pipeline.core import EVAL_SEED_OFFSET, setup_torch_threads
     from muzero_tune.pipeline.evaluator import Evaluator
-    from muzero_tune.pipeline.sync_driver import EVAL_SEED_OFFSET
 
     setup_torch_threads()
     cfg, policy, model, ckpt = load_policy(args.checkpoint)

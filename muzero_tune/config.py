@@ -220,6 +220,13 @@ class AsyncPipelineConfig:
     poll_interval_s: float = param(0.1, "driver event-loop poll interval, seconds", gt=0.0)
     shutdown_timeout_s: float = param(30.0, "actor shutdown timeout at exit, seconds", gt=0.0)
     ray_local_mode: bool = param(False, "Ray local mode (debugging)")
+    max_actor_restarts: int = param(3, "restarts allowed per actor slot before the run stops with an error", ge=0)
+    actor_restart_delay_s: float = param(1.0, "wait before restarting a failed actor, seconds", ge=0.0)
+    collect_timeout_s: float = param(600.0, "a collect running longer is treated as a hung actor, seconds", gt=0.0)
+    eval_timeout_s: float = param(1800.0, "an evaluation running longer is treated as hung, seconds", gt=0.0)
+    actor_start_timeout_s: float = param(
+        120.0, "wait this long for the placement group and actors to start, seconds", gt=0.0
+    )
 
 
 @dataclass(frozen=True)
@@ -556,6 +563,12 @@ def validate(cfg: ExperimentConfig, *, check_env: bool = True) -> ExperimentConf
             "policy.async_pipeline.max_eval_inflight", ap.max_eval_inflight,
             f"must be <= num_evaluator_actors ({ap.num_evaluator_actors})",
         )
+    for kind in ("collector", "evaluator"):
+        if getattr(ap, f"{kind}_num_cpus") + getattr(ap, f"{kind}_num_gpus") <= 0:
+            raise ConfigError(
+                f"policy.async_pipeline.{kind}_num_cpus", getattr(ap, f"{kind}_num_cpus"),
+                f"an actor bundle needs some resource: {kind}_num_cpus + {kind}_num_gpus must be > 0",
+            )
     from muzero_tune.policies.registry import check_policy_type  # light: no torch import
 
     check_policy_type(cfg.policy.type)

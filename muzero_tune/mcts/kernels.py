@@ -27,6 +27,7 @@ only rows ``b < batch_size`` and nodes ``n < num_nodes`` are touched):
     min_value    [Bc]        float64  min-max stats of the tree (+inf while nothing recorded)
     max_value    [Bc]        float64  (-inf while nothing recorded)
     root_legal   [Bc, A]     bool     legal mask, applied at the root only
+    scores       [Bc, A]     float64  scratch: pUCT scores at the node being descended
     path         [Bc, Nc]    int32    node indices root..leaf of the current simulation
     path_len     [Bc]        int32    number of valid entries in ``path``
     sel_parent   [Bc]        int32    node whose unexpanded edge was selected
@@ -53,10 +54,11 @@ def seed_rng(seed):
     np.random.seed(seed)
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True)
 def _normalise(q, lo, hi, value_delta_max):
     """Min-max normalise ``q``; unchanged while ``hi <= lo`` (MuZero paper). Span floored at value_delta_max
-    so that near-constant value estimates do not blow tiny differences up to the full [0, 1] range."""
+    so that near-constant value estimates do not blow tiny differences up to the full [0, 1] range.
+    Scalars only: helpers taking arrays would pay numba's atomic refcounting on every call."""
     if hi > lo:
         span = hi - lo
         if span < value_delta_max:
@@ -68,86 +70,6 @@ def _normalise(q, lo, hi, value_delta_max):
             x = 1.0
         return x
     return q
-
-
-@numba.njit(cache=True, inline="always")
-def _score(children, prior, visit_count, value_sum, reward, b, node, a, sqrt_n, pb_c, lo, hi, discount,
-           value_delta_max):
-    """pUCT score of edge ``a`` of ``node`` in tree ``b`` (``sqrt_n`` = sqrt(N_parent), ``pb_c`` = the
-    log-growing exploration coefficient). Unvisited children have Q_norm = 0 (paper pseudocode)."""
-    child = children[b, node, a]
-    n_child = 0
-    q_norm = 0.0
-    if child >= 0:
-        n_child = visit_count[b, child]
-        q = reward[b, child] + discount * (value_sum[b, child] / n_child)
-        q_norm = _normalise(q, lo, hi, value_delta_max)
-    # Left-to-right order matches the reference: prior * sqrt(N) / (1 + n) * c.
-    return q_norm + prior[b, node, a] * sqrt_n / (1.0 + n_child) * pb_c
-
-
-@numba.njit(cache=True, inline="always")
-def _select_action(children, prior, visit_count, value_sum, reward, root_legal, b, node, lo, hi,
-                   pb_c_base, pb_c_init, discount, value_delta_max, deterministic):
-    """Return the pUCT-maximising action at ``node`` of tree ``b`` (root: legal actions only)."""
-    num_actions = children.shape[2]
-    is_root = node == 0
-    n_parent = visit_count[b, node]
-    sqrt_n = math.sqrt(n_parent)
-    pb_c = pb_c_init + math.log((n_parent + pb_c_base + 1.0) / pb_c_base)
-    best_score = -np.inf
-    best_action = -1
-    for a in range(num_actions):
-        if is_root and not root_legal[b, a]:
-            continue
-        s = _score(children, prior, visit_count, value_sum, reward, b, node, a, sqrt_n, pb_c, lo, hi,
-                   discount, value_delta_max)
-        if s > best_score:  # strict: the lowest index wins exact ties
-            best_score = s
-            best_action = a
-    if deterministic:
-        return best_action
-    # Random tie-break: uniform among actions within TIE_TOLERANCE of the max. Scores are recomputed in a
-    # second pass (bit-identical) instead of being cached, which keeps the kernel scratch-free.
-    threshold = best_score - TIE_TOLERANCE
-    num_tied = 0
-    for a in range(num_actions):
-        if is_root and not root_legal[b, a]:
-            continue
-        s = _score(children, prior, visit_count, value_sum, reward, b, node, a, sqrt_n, pb_c, lo, hi,
-                   discount, value_delta_max)
-        if s >= threshold:
-            num_tied += 1
-    if num_tied <= 1:
-        return best_action
-    pick = np.random.randint(0, num_tied)
-    for a in range(num_actions):
-        if is_root and not root_legal[b, a]:
-            continue
-        s = _score(children, prior, visit_count, value_sum, reward, b, node, a, sqrt_n, pb_c, lo, hi,
-                   discount, value_delta_max)
-        if s >= threshold:
-            if pick == 0:
-                return a
-            pick -= 1
-    return best_action  # unreachable: the counting pass found num_tied candidates
-
-
-@numba.njit(cache=True, inline="always")
-def _softmax_into(logits, b, out, node):
-    """out[b, node, :] = softmax(logits[b, :]) over all actions. logits: [Bc, A] float64."""
-    num_actions = logits.shape[1]
-    m = -np.inf
-    for a in range(num_actions):
-        if logits[b, a] > m:
-            m = logits[b, a]
-    total = 0.0
-    for a in range(num_actions):
-        e = math.exp(logits[b, a] - m)
-        out[b, node, a] = e
-        total += e
-    for a in range(num_actions):
-        out[b, node, a] = out[b, node, a] / total
 
 
 @numba.njit(cache=True)
@@ -205,14 +127,22 @@ def prepare_roots(children, prior, visit_count, value_sum, reward, min_value, ma
 
 
 @numba.njit(cache=True)
-def select_leaves(children, prior, visit_count, value_sum, reward, min_value, max_value, root_legal,
+def select_leaves(children, prior, visit_count, value_sum, reward, min_value, max_value, root_legal, scores,
                   path, path_len, sel_parent, sel_action, batch_size, pb_c_base, pb_c_init, discount,
                   value_delta_max, deterministic):
     """Descend every tree from the root by pUCT until an unexpanded edge is chosen.
 
-    Writes path[b, :path_len[b]] (root .. parent), sel_parent[b] and sel_action[b] for b < batch_size.
-    The caller reads sel_parent / sel_action ([Bc] int32) to gather parent latents and call the network.
+    Writes path[b, :path_len[b]] (root .. parent), sel_parent[b] and sel_action[b] for b < batch_size;
+    scores: [Bc, A] float64 scratch. The caller reads sel_parent / sel_action ([Bc] int32) to gather parent
+    latents and call the network.
+
+    Score of edge a at a node with N visits: Q_norm(child) + prior * sqrt(N) / (1 + n_child) *
+    (pb_c_init + log((N + pb_c_base + 1) / pb_c_base)), Q_norm = 0 for unvisited children; at the root
+    illegal edges score -inf. Ties: lowest index if ``deterministic``, else uniform (numba RNG) among the
+    edges within TIE_TOLERANCE of the max. The score loop is written out here rather than in a helper
+    taking arrays because numba increments/decrements array refcounts (atomics) on every such call.
     """
+    num_actions = children.shape[2]
     for b in range(batch_size):
         lo = min_value[b]
         hi = max_value[b]
@@ -220,8 +150,46 @@ def select_leaves(children, prior, visit_count, value_sum, reward, min_value, ma
         depth = 0
         path[b, 0] = 0
         while True:
-            action = _select_action(children, prior, visit_count, value_sum, reward, root_legal, b, node,
-                                    lo, hi, pb_c_base, pb_c_init, discount, value_delta_max, deterministic)
+            n_parent = visit_count[b, node]
+            sqrt_n = math.sqrt(n_parent)
+            pb_c = pb_c_init + math.log((n_parent + pb_c_base + 1.0) / pb_c_base)
+            best_score = -np.inf
+            second_score = -np.inf
+            action = -1
+            for a in range(num_actions):
+                if node == 0 and not root_legal[b, a]:
+                    s = -np.inf
+                else:
+                    child = children[b, node, a]
+                    n_child = 0
+                    q_norm = 0.0
+                    if child >= 0:
+                        n_child = visit_count[b, child]
+                        q = reward[b, child] + discount * (value_sum[b, child] / n_child)
+                        q_norm = _normalise(q, lo, hi, value_delta_max)
+                    # Left-to-right order matches the reference: prior * sqrt(N) / (1 + n) * c.
+                    s = q_norm + prior[b, node, a] * sqrt_n / (1.0 + n_child) * pb_c
+                scores[b, a] = s
+                if s > best_score:  # strict: the lowest index wins exact ties
+                    second_score = best_score
+                    best_score = s
+                    action = a
+                elif s > second_score:
+                    second_score = s
+            if not deterministic and second_score >= best_score - TIE_TOLERANCE:
+                # Random tie-break among the edges within TIE_TOLERANCE of the max (illegal ones are -inf).
+                threshold = best_score - TIE_TOLERANCE
+                num_tied = 0
+                for a in range(num_actions):
+                    if scores[b, a] >= threshold:
+                        num_tied += 1
+                pick = np.random.randint(0, num_tied)
+                for a in range(num_actions):
+                    if scores[b, a] >= threshold:
+                        if pick == 0:
+                            action = a
+                            break
+                        pick -= 1
             child = children[b, node, action]
             if child < 0:
                 break
@@ -243,10 +211,22 @@ def expand_and_backup(children, prior, visit_count, value_sum, reward, min_value
     the new nodes). Backup from leaf to root: value_sum += G, visit_count += 1, min-max update with
     reward + discount * mean value for non-root nodes, then G = reward + discount * G.
     """
+    num_actions = children.shape[2]
     for b in range(batch_size):
         children[b, sel_parent[b], sel_action[b]] = new_node
         reward[b, new_node] = leaf_reward[b]
-        _softmax_into(leaf_logits, b, prior, new_node)
+        # Priors of the new node: softmax over all actions (inside the tree every action is legal).
+        m = -np.inf
+        for a in range(num_actions):
+            if leaf_logits[b, a] > m:
+                m = leaf_logits[b, a]
+        total = 0.0
+        for a in range(num_actions):
+            e = math.exp(leaf_logits[b, a] - m)
+            prior[b, new_node, a] = e
+            total += e
+        for a in range(num_actions):
+            prior[b, new_node, a] = prior[b, new_node, a] / total
         n = path_len[b]
         path[b, n] = new_node
         n += 1

@@ -248,7 +248,7 @@ class MuZeroSearch(Search):
             for sim in range(self._num_simulations):
                 kernels.select_leaves(
                     tree.children, tree.prior, tree.visit_count, tree.value_sum, tree.reward, tree.min_value,
-                    tree.max_value, tree.root_legal, tree.path, tree.path_len, tree.sel_parent,
+                    tree.max_value, tree.root_legal, tree.scores, tree.path, tree.path_len, tree.sel_parent,
                     tree.sel_action, batch_size, self.pb_c_base, self.pb_c_init, self.discount,
                     self.value_delta_max, bool(deterministic),
                 )

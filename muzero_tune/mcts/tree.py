@@ -29,6 +29,7 @@ class TreeArrays:
         min_value    [Bc]        float64
         max_value    [Bc]        float64
         root_legal   [Bc, A]     bool
+        scores       [Bc, A]     float64 (scratch of the select kernel)
         path         [Bc, Nc]    int32
         path_len     [Bc]        int32
         sel_parent   [Bc]        int32
@@ -71,6 +72,7 @@ class TreeArrays:
         self.min_value = np.full(bc, np.inf, dtype=np.float64)  # [Bc]
         self.max_value = np.full(bc, -np.inf, dtype=np.float64)  # [Bc]
         self.root_legal = np.zeros((bc, a), dtype=np.bool_)  # [Bc, A]
+        self.scores = np.zeros((bc, a), dtype=np.float64)  # [Bc, A]
         self.path = np.zeros((bc, nc), dtype=np.int32)  # [Bc, Nc]
         self.path_len = np.zeros(bc, dtype=np.int32)  # [Bc]
         self.sel_parent = np.zeros(bc, dtype=np.int32)  # [Bc]

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numba
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -150,3 +152,35 @@ class Support:
     def to_scalar(self, logits: Tensor) -> Tensor:
         """Logits -> raw scalar; [..., num_bins] -> [...]."""
         return logits_to_scalar(logits, support_size=self.size, eps=self.eps)
+
+
+@numba.njit(cache=True)
+def _logits_to_scalar_np(logits: np.ndarray, support_size: int, eps: float) -> np.ndarray:  # pragma: no cover
+    n, bins = logits.shape
+    out = np.empty(n, dtype=np.float32)
+    for i in range(n):
+        m = logits[i, 0]
+        for j in range(1, bins):
+            m = max(m, logits[i, j])
+        z = 0.0
+        e = 0.0
+        for j in range(bins):
+            p = np.exp(np.float64(logits[i, j]) - m)
+            z += p
+            e += p * (j - support_size)
+        y = e / z
+        # h^-1(y) = sign(y) * (((sqrt(1 + 4 eps (|y| + 1 + eps)) - 1) / (2 eps))^2 - 1)
+        a = abs(y)
+        x = ((np.sqrt(1.0 + 4.0 * eps * (a + 1.0 + eps)) - 1.0) / (2.0 * eps)) ** 2 - 1.0
+        out[i] = x if y >= 0 else -x
+    return out
+
+
+def logits_to_scalar_np(logits: np.ndarray, *, support_size: int, eps: float = DEFAULT_EPS) -> np.ndarray:
+    """numpy/numba twin of :func:`logits_to_scalar` for the search's hot loop (no per-op torch overhead).
+
+    Shapes: logits [B, 2S+1] -> [B] float32.
+    """
+    if logits.ndim != 2 or logits.shape[1] != 2 * support_size + 1:
+        raise ValueError(f"logits must be [B, {2 * support_size + 1}], got {logits.shape}")
+    return _logits_to_scalar_np(np.ascontiguousarray(logits, dtype=np.float32), support_size, eps)

@@ -27,6 +27,9 @@ from muzero_tune.replay.buffer import ReplayBuffer
 from muzero_tune.replay.targets import reanalyze_positions
 
 
+EVAL_SEED_OFFSET = 100_000  # evaluator episode j is reset with seed cfg.seed + EVAL_SEED_OFFSET + j
+
+
 @dataclass
 class Counters:
     """Run counters; all of them are saved in checkpoints and restored exactly on resume."""

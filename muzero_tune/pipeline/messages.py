@@ -50,6 +50,7 @@ class CollectResult:
     duration_s: float
     search_s: float  # time inside policy.act (search + network)
     actor_id: int = 0
+    weights_digest: str = ""  # digest of the weights actually used (set by actors)
 
 
 @dataclass(frozen=True)
@@ -64,3 +65,4 @@ class EvalResult:
     duration_s: float
     policy_version: int
     actor_id: int = 0
+    weights_digest: str = ""  # digest of the weights actually used (set by actors)

@@ -11,11 +11,9 @@ import os
 from muzero_tune.config import ExperimentConfig, validate
 from muzero_tune.pipeline.checkpoint import load_checkpoint
 from muzero_tune.pipeline.collector import SegmentCollector, visit_temperature
-from muzero_tune.pipeline.core import DriverCore, RunSummary, setup_torch_threads
+from muzero_tune.pipeline.core import EVAL_SEED_OFFSET, DriverCore, RunSummary, setup_torch_threads
 from muzero_tune.pipeline.evaluator import Evaluator
 from muzero_tune.pipeline.reporter import Reporter, StandaloneReporter
-
-EVAL_SEED_OFFSET = 100_000
 
 
 def run_dir(cfg: ExperimentConfig) -> str:
@@ -100,3 +98,13 @@ def train_muzero_segment(
         evaluator.close()
         reporter.close()
     return RunSummary(stop_reason, core.counters.env_steps, core.train_iter, evals, core.wall_s())
+
+
+def train(cfg: ExperimentConfig, *, reporter: Reporter | None = None, resume_from: str | dict | None = None
+          ) -> RunSummary:
+    """Run the pipeline the config selects: async when ``policy.async_pipeline.enabled``, else sync."""
+    if cfg.policy.async_pipeline.enabled:
+        from muzero_tune.pipeline.async_driver import train_muzero_segment_async
+
+        return train_muzero_segment_async(cfg, reporter=reporter, resume_from=resume_from)
+    return train_muzero_segment(cfg, reporter=reporter, resume_from=resume_from)

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from muzero_tune.mcts import MuZeroSearch, select_action
-from muzero_tune.models import build_network, logits_to_scalar, scalar_to_target
+from muzero_tune.models import build_network, logits_to_scalar, logits_to_scalar_np, scalar_to_target
 from muzero_tune.policies.base import ActOutput, LossOutput, Policy
 from muzero_tune.replay.targets import TrainBatch, make_batch
 
@@ -76,14 +76,10 @@ class MuZeroPolicy(Policy):
 
         def fn(latent: torch.Tensor, actions: np.ndarray):
             out = model.recurrent_inference(latent, torch.as_tensor(actions, device=dev))
-            reward = logits_to_scalar(out.reward_logits.float(), support_size=model.reward_support_size)
-            value = logits_to_scalar(out.value_logits.float(), support_size=model.value_support_size)
-            return (
-                out.latent,
-                reward.cpu().numpy().astype(np.float32),
-                value.cpu().numpy().astype(np.float32),
-                out.policy_logits.float().cpu().numpy(),
-            )
+            # decoded in numba: per-op torch overhead would otherwise rival the network call
+            reward = logits_to_scalar_np(out.reward_logits.float().cpu().numpy(), support_size=model.reward_support_size)
+            value = logits_to_scalar_np(out.value_logits.float().cpu().numpy(), support_size=model.value_support_size)
+            return out.latent, reward, value, out.policy_logits.float().cpu().numpy()
 
         return fn
 

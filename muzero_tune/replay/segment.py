@@ -119,8 +119,14 @@ class SegmentBuilder:
         self._policy_version = policy_version
         out: list[GameSegment] = []
         full = self.segment_length + self.pad_length
+        ended = terminated or truncated
         while len(self._actions) >= full:
-            out.append(self._emit(num_real=self.segment_length, num_stored=full, done=False, terminal=False))
+            # The episode may end exactly at this step: then this segment's data reaches the terminal state
+            # (_emit sets terminal_at_end only when it takes the whole trace), and it is done iff it has no
+            # padding.
+            out.append(self._emit(num_real=self.segment_length, num_stored=full,
+                                  done=ended and len(self._actions) == self.segment_length,
+                                  terminal=terminated))
         if terminated or truncated:
             while self._actions:
                 n = len(self._actions)

@@ -1,0 +1,51 @@
+"""Fault injection for tests and drills: an environment wrapper that fails on chosen actors and steps.
+
+A :class:`FaultSpec` names the actor ids and the window of env steps (counted per actor incarnation) in
+which an env fails, and how: ``raise`` an exception from ``step``, ``exit`` the process (as if killed
+mid-collect), or ``hang`` (sleep far past any timeout). Only the listed incarnations fail, so a restarted
+actor runs clean. Nothing here runs unless a FaultSpec is passed explicitly.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+import gymnasium as gym
+
+
+class InjectedFault(RuntimeError):
+    """The exception a ``raise`` fault throws from ``env.step``."""
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    kind: str  # "collector" or "evaluator"
+    actor_ids: tuple[int, ...]
+    start_step: int  # first failing env step (per actor incarnation, counted over its env 0)
+    end_step: int  # last failing env step
+    mode: str = "raise"  # raise | exit | hang
+    incarnations: tuple[int, ...] = (0,)
+
+    def applies(self, kind: str, actor_id: int, incarnation: int) -> bool:
+        return kind == self.kind and actor_id in self.actor_ids and incarnation in self.incarnations
+
+
+class FaultyEnv(gym.Wrapper):
+    """Fails per ``spec`` once its step counter enters [start_step, end_step]."""
+
+    def __init__(self, env: gym.Env, spec: FaultSpec):
+        super().__init__(env)
+        self.spec = spec
+        self.steps = 0
+
+    def step(self, action):
+        self.steps += 1
+        if self.spec.start_step <= self.steps <= self.spec.end_step:
+            if self.spec.mode == "exit":
+                os._exit(17)
+            if self.spec.mode == "hang":
+                time.sleep(3600)
+            raise InjectedFault(f"injected fault at env step {self.steps}")
+        return self.env.step(action)

@@ -1,0 +1,482 @@
+"""The async segment pipeline: a single-owner driver with collector and evaluator Ray actors.
+
+Correctness boundary: this driver process alone owns the learner and the replay buffer (through
+:class:`DriverCore`, shared with the sync driver, so training semantics are identical). Actors get
+immutable, versioned weight snapshots -- one ``ray.put`` per version, the same reference reused for every
+launch at that version -- and return frozen results tagged with the version they used.
+
+Event loop (single thread, ``ray.wait`` based):
+1. handle finished actor work: push collect results (one train budget per collect once trainable),
+   record evaluations (checkpoint = the exact evaluated snapshot), restart failed or hung actors;
+2. launch an evaluation when due, on an immutable snapshot;
+3. launch collects on idle collectors (publishing a snapshot per weight_sync_interval / max_policy_lag),
+   unless the train-budget queue is full while training can run (backpressure);
+4. train a chunk of at most ``max_train_chunk_steps`` steps, then go back to 1;
+5. if nothing trained, wait up to ``poll_interval_s`` for any actor.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from muzero_tune.config import ExperimentConfig, resolved_async, validate
+from muzero_tune.envs.faults import FaultSpec
+from muzero_tune.pipeline import schedule
+from muzero_tune.pipeline.actors import CollectorWorker, EvaluatorWorker
+from muzero_tune.pipeline.checkpoint import load_checkpoint
+from muzero_tune.pipeline.collector import visit_temperature
+from muzero_tune.pipeline.core import DriverCore, RunSummary, setup_torch_threads
+from muzero_tune.pipeline.messages import CollectResult, EvalResult, WeightsSnapshot, weights_digest
+from muzero_tune.pipeline.placement import (
+    ActorPlacement,
+    current_placement,
+    describe_shortfall,
+    ensure_ray,
+    standalone_placement,
+)
+from muzero_tune.pipeline.reporter import Reporter
+
+
+class ActorFailureError(RuntimeError):
+    """An actor slot exhausted its restarts; the run stopped (its checkpoints are intact)."""
+
+
+@dataclass
+class _Slot:
+    """One actor position (collector i or evaluator j) and its current incarnation."""
+
+    kind: str
+    index: int
+    bundle: int
+    handle: Any = None
+    incarnation: int = 0
+    restarts: int = 0
+    busy_s: float = 0.0
+
+
+@dataclass
+class _Launch:
+    slot: _Slot
+    version: int
+    t_launch: float
+    train_iter: int
+    weights: dict | None = None  # evals: the exact CPU snapshot, for the checkpoint
+
+
+@dataclass
+class _Budget:
+    total: int
+    plan: schedule.ReanalyzePlan
+    progress: int = 0
+
+
+@dataclass
+class AsyncStats:
+    """Counters the async driver reports (and tests read)."""
+
+    results: int = 0
+    result_transitions: int = 0
+    policy_lags: list[int] = field(default_factory=list)
+    launch_lags: list[int] = field(default_factory=list)
+    publishes: int = 0
+    collector_restarts: int = 0
+    evaluator_restarts: int = 0
+    collector_failures: int = 0
+    evaluator_failures: int = 0
+    dropped_collects: int = 0
+    learner_idle_s: float = 0.0
+    digest_mismatches: int = 0
+    max_budget_queue: int = 0
+    max_collects_inflight: int = 0
+    max_evals_inflight: int = 0
+    max_chunk_steps: int = 0
+    publish_versions: list[int] = field(default_factory=list)
+    eval_launch_iters: list[int] = field(default_factory=list)
+    idle_waits: int = 0
+
+
+class AsyncDriver:
+    """See the module docstring. Use :func:`train_muzero_segment_async`."""
+
+    def __init__(self, cfg: ExperimentConfig, reporter: Reporter, *, placement: ActorPlacement | None = None,
+                 fault: FaultSpec | None = None):
+        import ray
+
+        self.ray = ray
+        self.cfg = cfg
+        self.ap = resolved_async(cfg.policy.async_pipeline)
+        self.core = DriverCore(cfg, reporter)
+        self.fault = fault
+        self.stats = AsyncStats()
+        self.placement = placement
+        self.published: WeightsSnapshot | None = None
+        self.published_weights: dict | None = None
+        self.digests: dict[int, str] = {}
+        self.budgets: collections.deque[_Budget] = collections.deque()
+        self.collects: dict[Any, _Launch] = {}
+        self.evals: dict[Any, _Launch] = {}
+        self.stop_requested = False
+        self.last_eval_launch: int | None = None
+        self.eval_rows: list[dict] = []
+        self._rr_eval = 0
+        self._window: collections.deque[tuple[float, int]] = collections.deque(maxlen=64)
+        self._last_stats_iter = 0
+        self._t0 = time.monotonic()
+        self._remote = {
+            "collector": ray.remote(CollectorWorker),
+            "evaluator": ray.remote(EvaluatorWorker),
+        }
+        self.collectors = [
+            _Slot("collector", i, 0) for i in range(self.ap.num_collector_actors)
+        ]
+        self.evaluators = [
+            _Slot("evaluator", j, 0) for j in range(self.ap.num_evaluator_actors)
+        ]
+
+    # ------------------------------------------------------------------ actors
+
+    def _spawn(self, slot: _Slot) -> None:
+        ap = self.ap
+        cpus = ap.collector_num_cpus if slot.kind == "collector" else ap.evaluator_num_cpus
+        gpus = ap.collector_num_gpus if slot.kind == "collector" else ap.evaluator_num_gpus
+        slot.bundle = (self.placement.collector_bundle(slot.index) if slot.kind == "collector"
+                       else self.placement.evaluator_bundle(slot.index))
+        opts = {"num_cpus": cpus, "num_gpus": gpus, "max_restarts": 0, "max_concurrency": 1,
+                **self.placement.options(slot.bundle)}
+        slot.handle = self._remote[slot.kind].options(**opts).remote(
+            self.core.flat_config, slot.index, slot.incarnation, self.fault, gpus
+        )
+
+    def start_actors(self) -> None:
+        slots = self.collectors + self.evaluators
+        for s in slots:
+            self._spawn(s)
+        pings = [s.handle.ping.remote() for s in slots]
+        ready, _ = self.ray.wait(pings, num_returns=len(pings), timeout=self.ap.actor_start_timeout_s)
+        if len(ready) < len(pings):
+            from muzero_tune.pipeline.placement import bundles
+
+            raise RuntimeError(
+                f"only {len(ready)} of {len(pings)} actors started within {self.ap.actor_start_timeout_s:g} s "
+                f"(policy.async_pipeline.actor_start_timeout_s); resources: {describe_shortfall(bundles(self.cfg))}"
+            )
+        self.actor_info = self.ray.get(ready)
+
+    def _restart(self, slot: _Slot, why: str) -> None:
+        """Replace a failed or hung actor and count it; raise once its restarts are exhausted."""
+        st = self.stats
+        if slot.kind == "collector":
+            st.collector_failures += 1
+        else:
+            st.evaluator_failures += 1
+        try:
+            self.ray.kill(slot.handle, no_restart=True)
+        except Exception:  # already dead
+            pass
+        if slot.restarts >= self.ap.max_actor_restarts:
+            raise ActorFailureError(
+                f"{slot.kind} actor {slot.index} failed ({why}) and its restarts are exhausted "
+                f"({slot.restarts} of policy.async_pipeline.max_actor_restarts={self.ap.max_actor_restarts}); "
+                f"the run stopped at env_steps={self.core.counters.env_steps} train_iter={self.core.train_iter}; "
+                f"its last checkpoint is intact"
+            )
+        slot.restarts += 1
+        slot.incarnation += 1
+        if slot.kind == "collector":
+            st.collector_restarts += 1
+        else:
+            st.evaluator_restarts += 1
+        time.sleep(self.ap.actor_restart_delay_s)
+        self._spawn(slot)  # it gets the current snapshot with its next launch
+
+    # ------------------------------------------------------------------ weights
+
+    def _snapshot(self) -> tuple[WeightsSnapshot, dict]:
+        weights = self.core.learner.weights_snapshot()
+        arrays = {k: v.numpy() for k, v in weights.items()}
+        digest = weights_digest(weights)
+        snap = WeightsSnapshot(version=self.core.train_iter, ref=self.ray.put(arrays), digest=digest)
+        self.digests[snap.version] = digest
+        return snap, weights
+
+    def _publish_if_due(self) -> WeightsSnapshot:
+        last = self.published.version if self.published is not None else None
+        if schedule.should_publish(current_version=self.core.train_iter, last_published=last,
+                                   weight_sync_interval=self.ap.weight_sync_interval,
+                                   max_policy_lag=self.ap.max_policy_lag):
+            self.published, self.published_weights = self._snapshot()
+            self.stats.publishes += 1
+            self.stats.publish_versions.append(self.published.version)
+        return self.published
+
+    # ------------------------------------------------------------------ launches
+
+    def _maybe_launch_eval(self, *, force: bool = False) -> None:
+        if len(self.evals) >= self.ap.max_eval_inflight:
+            return
+        due = force or schedule.should_eval(
+            train_iter=self.core.train_iter, last_eval_iter=self.last_eval_launch,
+            eval_freq=self.cfg.eval.eval_freq, eval_at_start=self.ap.eval_at_start,
+        )
+        if not due:
+            return
+        busy = {launch.slot.index for launch in self.evals.values()}
+        free = [s for s in self.evaluators if s.index not in busy]
+        if not free:
+            return
+        slot = free[self._rr_eval % len(free)]
+        self._rr_eval += 1
+        if self.published is not None and self.published.version == self.core.train_iter:
+            snap, weights = self.published, self.published_weights
+        else:
+            snap, weights = self._snapshot()
+        ref = slot.handle.evaluate.remote([snap])
+        self.evals[ref] = _Launch(slot, snap.version, time.monotonic(), self.core.train_iter, weights)
+        self.last_eval_launch = self.core.train_iter
+        self.stats.eval_launch_iters.append(self.core.train_iter)
+        self.stats.max_evals_inflight = max(self.stats.max_evals_inflight, len(self.evals))
+
+    def _maybe_launch_collects(self) -> None:
+        c = self.core.counters
+        if self.stop_requested or c.env_steps >= self.cfg.max_env_step:
+            return
+        if schedule.backpressure(queued_budgets=len(self.budgets), max_queue=self.ap.max_train_budget_queue_size,
+                                 trainable=self.core.trainable()):
+            return
+        busy = {launch.slot.index for launch in self.collects.values()}
+        for slot in self.collectors:
+            if len(self.collects) >= self.ap.max_collect_inflight:
+                return
+            if slot.index in busy:
+                continue
+            snap = self._publish_if_due()
+            self.stats.launch_lags.append(self.core.train_iter - snap.version)
+            temp = visit_temperature(self.cfg, self.core.train_iter)
+            ref = slot.handle.collect.remote([snap], temp)
+            self.collects[ref] = _Launch(slot, snap.version, time.monotonic(), self.core.train_iter)
+            self.stats.max_collects_inflight = max(self.stats.max_collects_inflight, len(self.collects))
+
+    # ------------------------------------------------------------------ results
+
+    def _on_collect(self, launch: _Launch, result: CollectResult) -> None:
+        st, core = self.stats, self.core
+        st.results += 1
+        st.result_transitions += result.real_transitions
+        st.policy_lags.append(core.train_iter - result.policy_version)
+        if result.weights_digest and result.weights_digest != self.digests.get(result.policy_version):
+            st.digest_mismatches += 1
+        budget = core.push_collect(result)
+        self._window.append((time.monotonic(), core.counters.env_steps))
+        if core.trainable():
+            self.budgets.append(_Budget(budget, core.reanalyze_plan(budget)))
+            st.max_budget_queue = max(st.max_budget_queue, len(self.budgets))
+
+    def _on_eval(self, launch: _Launch, result: EvalResult) -> None:
+        row = self.core.record_eval(result, launch.weights, train_iter_at_launch=launch.train_iter,
+                                    extra={"pipeline": "async", **self.pipeline_metrics()})
+        self.eval_rows.append(row)
+        if self.core.reached_stop_value(result.reward_mean):
+            self.stop_requested = True
+
+    def _handle(self, refs: list, table: dict, on_result) -> None:
+        for ref in refs:
+            launch = table.pop(ref)
+            launch.slot.busy_s += time.monotonic() - launch.t_launch
+            try:
+                result = self.ray.get(ref)
+            except Exception as e:  # actor died or raised: drop its in-flight work whole, restart it
+                if launch.slot.kind == "collector":
+                    self.stats.dropped_collects += 1
+                self._restart(launch.slot, f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
+                continue
+            on_result(launch, result)
+
+    def _check_timeouts(self) -> None:
+        now = time.monotonic()
+        for table, limit in ((self.collects, self.ap.collect_timeout_s), (self.evals, self.ap.eval_timeout_s)):
+            for ref, launch in list(table.items()):
+                if now - launch.t_launch > limit:
+                    table.pop(ref)
+                    if launch.slot.kind == "collector":
+                        self.stats.dropped_collects += 1
+                    self._restart(launch.slot, f"no result within {limit:g} s (hung)")
+
+    def process_completed(self, timeout: float = 0.0) -> None:
+        pending = list(self.collects) + list(self.evals)
+        if not pending:
+            if timeout > 0:
+                time.sleep(timeout)
+            return
+        ready, _ = self.ray.wait(pending, num_returns=len(pending), timeout=timeout)
+        if not ready and timeout > 0:
+            ready, _ = self.ray.wait(pending, num_returns=1, timeout=0)
+        self._handle([r for r in ready if r in self.collects], self.collects, self._on_collect)
+        self._handle([r for r in ready if r in self.evals], self.evals, self._on_eval)
+        self._check_timeouts()
+
+    def _wait_any(self, timeout: float) -> None:
+        t0 = time.monotonic()
+        self.stats.idle_waits += 1
+        pending = list(self.collects) + list(self.evals)
+        if pending:
+            self.ray.wait(pending, num_returns=1, timeout=timeout)
+        else:
+            time.sleep(timeout)
+        self.stats.learner_idle_s += time.monotonic() - t0
+
+    # ------------------------------------------------------------------ training
+
+    def train_chunk(self) -> int:
+        core, steps = self.core, 0
+        while steps < self.ap.max_train_chunk_steps and self.budgets and core.trainable():
+            if core.train_iter >= self.cfg.max_train_iter or self.stop_requested:
+                break
+            b = self.budgets[0]
+            if b.progress == 0 and b.plan.at_epoch(core.counters.train_epoch):
+                core.buffer_reanalyze()
+            if b.plan.at_step(b.progress):
+                core.buffer_reanalyze()
+            core.train_step()
+            b.progress += 1
+            steps += 1
+            if b.progress >= b.total:
+                self.budgets.popleft()
+                core.budget_done()
+        self.stats.max_chunk_steps = max(self.stats.max_chunk_steps, steps)
+        return steps
+
+    # ------------------------------------------------------------------ metrics
+
+    def pipeline_metrics(self) -> dict:
+        st = self.stats
+        wall = max(time.monotonic() - self._t0, 1e-9)
+        n_col = max(1, len(self.collectors))
+        busy = sum(s.busy_s for s in self.collectors) + sum(
+            time.monotonic() - launch.t_launch for launch in self.collects.values())
+        recent = 0.0
+        if len(self._window) >= 2:
+            (t_a, e_a), (t_b, e_b) = self._window[0], self._window[-1]
+            recent = (e_b - e_a) / max(t_b - t_a, 1e-9)
+        lags = st.policy_lags[-100:] or [0]
+        return {
+            "pipeline/envstep_per_s_recent": recent,
+            "policy_lag_mean": float(np.mean(lags)),
+            "policy_lag_max": int(np.max(lags)),
+            "pipeline/budget_queue": len(self.budgets),
+            "pipeline/learner_idle_frac": st.learner_idle_s / wall,
+            "pipeline/collector_idle_frac": max(0.0, 1.0 - busy / (n_col * wall)),
+            "pipeline/publishes": st.publishes,
+            "pipeline/collector_restarts": st.collector_restarts,
+            "pipeline/evaluator_restarts": st.evaluator_restarts,
+            "pipeline/collector_failures": st.collector_failures,
+            "pipeline/evaluator_failures": st.evaluator_failures,
+            "pipeline/dropped_collects": st.dropped_collects,
+        }
+
+    # ------------------------------------------------------------------ main loop
+
+    def _done(self) -> str | None:
+        core = self.core
+        if self.stop_requested:
+            return "stop_value"
+        if core.train_iter >= self.cfg.max_train_iter:
+            return "max_train_iter"
+        if core.counters.env_steps >= self.cfg.max_env_step and not self.collects:
+            if not self.budgets or not core.trainable():
+                return "max_env_step"
+        return None
+
+    def run(self) -> RunSummary:
+        core = self.core
+        self.start_actors()
+        if self.ap.eval_at_start and core.counters.eval_index == 0:
+            self._maybe_launch_eval(force=True)
+        reason = None
+        while reason is None:
+            self.process_completed(0.0)
+            self._maybe_launch_eval()
+            self._maybe_launch_collects()
+            trained = self.train_chunk()
+            if core.train_iter - self._last_stats_iter >= self.ap.buffer_stats_interval:
+                self._last_stats_iter = core.train_iter
+                core.progress({"pipeline": "async", **self.pipeline_metrics()})
+            reason = self._done()
+            if reason is None and trained == 0:
+                self._wait_any(self.ap.poll_interval_s)
+                core.progress({"pipeline": "async", **self.pipeline_metrics()})
+        self._finish_evals(reason)
+        return RunSummary(reason, core.counters.env_steps, core.train_iter, self.eval_rows, core.wall_s())
+
+    def _finish_evals(self, reason: str) -> None:
+        """Collect in-flight evaluations and, like the sync driver, evaluate the final weights once."""
+        deadline = time.monotonic() + self.ap.eval_timeout_s
+        while self.evals and time.monotonic() < deadline:
+            self.process_completed(self.ap.poll_interval_s)
+        if reason != "stop_value" and self.core.counters.last_eval_iter != self.core.train_iter:
+            self.last_eval_launch = None
+            self._maybe_launch_eval(force=True)
+            while self.evals and time.monotonic() < deadline:
+                self.process_completed(self.ap.poll_interval_s)
+
+    def shutdown(self) -> None:
+        """Close actors within shutdown_timeout_s, then kill the rest; remove our placement group."""
+        ray = self.ray
+        slots = [s for s in self.collectors + self.evaluators if s.handle is not None]
+        refs = []
+        for s in slots:
+            try:
+                refs.append(s.handle.close.remote())
+            except Exception:
+                pass
+        if refs:
+            ray.wait(refs, num_returns=len(refs), timeout=self.ap.shutdown_timeout_s)
+        for s in slots:
+            try:
+                ray.kill(s.handle, no_restart=True)
+            except Exception:
+                pass
+        if self.placement is not None:
+            self.placement.remove()
+
+
+def train_muzero_segment_async(
+    cfg: ExperimentConfig,
+    *,
+    reporter: Reporter | None = None,
+    resume_from: str | dict | None = None,
+    fault: FaultSpec | None = None,
+    driver_out: list | None = None,
+) -> RunSummary:
+    """Train with the async pipeline (Ray actors) until stop_value, max_env_step or max_train_iter.
+
+    Standalone it starts Ray if needed and creates its own placement group; inside a Tune trial it uses
+    the trial's group. ``fault`` injects failures into chosen actors (tests, drills). ``driver_out``, if
+    given, receives the driver object (tests read its stats).
+    """
+    from muzero_tune.pipeline.sync_driver import default_reporter
+
+    validate(cfg)
+    setup_torch_threads()
+    ensure_ray(cfg)
+    reporter = reporter or default_reporter(cfg)
+    placement = current_placement(cfg)
+    driver = AsyncDriver(cfg, reporter, fault=fault)
+    if driver_out is not None:
+        driver_out.append(driver)
+    try:
+        if placement is None:
+            placement = standalone_placement(cfg, learner_on_gpu=driver.core.learner.device.type == "cuda",
+                                             timeout_s=driver.ap.actor_start_timeout_s)
+        driver.placement = placement
+        if resume_from is not None:
+            ckpt = load_checkpoint(resume_from) if isinstance(resume_from, str) else resume_from
+            driver.core.load_resume_state(ckpt["resume"])
+        return driver.run()
+    finally:
+        driver.shutdown()
+        reporter.close()

@@ -1,0 +1,153 @@
+"""Resources: placement-group bundles for the driver and its actor pools, and where each actor goes.
+
+Bundle 0 is the driver and learner (with a GPU when the learner uses CUDA), then one bundle per collector
+actor, then one per evaluator actor. A standalone async run creates this placement group itself; under
+Tune the trial's ``PlacementGroupFactory`` is built from the same :func:`bundles` and the actors go into the
+trial's group. Either way actors are created with explicit bundle indices, and every wait has a timeout
+that says which resources are missing (Ray otherwise waits silently forever).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from muzero_tune.config import ExperimentConfig
+
+
+class PlacementError(RuntimeError):
+    """The actors' resources could not be placed; the message says what is missing."""
+
+
+def _bundle(cpus: float, gpus: float) -> dict[str, float]:
+    b = {}
+    if cpus > 0:
+        b["CPU"] = float(cpus)
+    if gpus > 0:
+        b["GPU"] = float(gpus)
+    return b
+
+
+def driver_bundle(cfg: ExperimentConfig, *, learner_on_gpu: bool | None = None) -> dict[str, float]:
+    if learner_on_gpu is None:
+        learner_on_gpu = cfg.learn.device.startswith("cuda")
+    return _bundle(1.0, 1.0 if learner_on_gpu else 0.0)
+
+
+def bundles(cfg: ExperimentConfig, *, learner_on_gpu: bool | None = None) -> list[dict[str, float]]:
+    """[driver, collector_0..n-1, evaluator_0..m-1] resource bundles."""
+    ap = cfg.policy.async_pipeline
+    out = [driver_bundle(cfg, learner_on_gpu=learner_on_gpu)]
+    out += [_bundle(ap.collector_num_cpus, ap.collector_num_gpus)] * ap.num_collector_actors
+    out += [_bundle(ap.evaluator_num_cpus, ap.evaluator_num_gpus)] * ap.num_evaluator_actors
+    return out
+
+
+def total_resources(bs: list[dict[str, float]]) -> dict[str, float]:
+    tot: dict[str, float] = {}
+    for b in bs:
+        for k, v in b.items():
+            tot[k] = tot.get(k, 0.0) + v
+    return tot
+
+
+@dataclass
+class ActorPlacement:
+    """A placement group and the bundle index of every actor slot."""
+
+    placement_group: Any  # ray.util.placement_group.PlacementGroup
+    num_collectors: int
+    num_evaluators: int
+    owned: bool  # created by us (removed at shutdown) rather than Tune's
+
+    def collector_bundle(self, i: int) -> int:
+        return 1 + i
+
+    def evaluator_bundle(self, j: int) -> int:
+        return 1 + self.num_collectors + j
+
+    def options(self, bundle_index: int) -> dict:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        return {
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                placement_group=self.placement_group,
+                placement_group_bundle_index=bundle_index,
+                placement_group_capture_child_tasks=False,
+            )
+        }
+
+    def remove(self) -> None:
+        if self.owned:
+            from ray.util import remove_placement_group
+
+            remove_placement_group(self.placement_group)
+
+
+def ensure_ray(cfg: ExperimentConfig) -> None:
+    """Start a local Ray instance if none is running, with enough logical CPUs for the placement group."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    need = total_resources(bundles(cfg, learner_on_gpu=False))
+    ray.init(
+        num_cpus=max(os.cpu_count() or 1, int(need.get("CPU", 1) + 0.999)),
+        include_dashboard=False,
+        local_mode=cfg.policy.async_pipeline.ray_local_mode,
+        ignore_reinit_error=True,
+        log_to_driver=True,
+    )
+
+
+def describe_shortfall(bs: list[dict[str, float]]) -> str:
+    import ray
+
+    need = total_resources(bs)
+    have = ray.cluster_resources()
+    free = ray.available_resources()
+    parts = [f"{k}: need {v:g}, cluster has {have.get(k, 0):g}, free {free.get(k, 0):g}" for k, v in need.items()]
+    return "; ".join(parts)
+
+
+def standalone_placement(cfg: ExperimentConfig, *, learner_on_gpu: bool, timeout_s: float) -> ActorPlacement:
+    """Create (and wait for) this run's own placement group."""
+    from ray.util import placement_group
+
+    bs = bundles(cfg, learner_on_gpu=learner_on_gpu)
+    pg = placement_group(bs, strategy="PACK", name="")
+    if not pg.wait(timeout_seconds=timeout_s):
+        short = describe_shortfall(bs)
+        from ray.util import remove_placement_group
+
+        remove_placement_group(pg)
+        raise PlacementError(
+            f"the async pipeline's placement group ({len(bs)} bundles: {bs}) was not placed within "
+            f"{timeout_s:g} s; resources: {short}. Reduce policy.async_pipeline.num_collector_actors / "
+            f"num_evaluator_actors / *_num_cpus / *_num_gpus, or give Ray more resources."
+        )
+    ap = cfg.policy.async_pipeline
+    return ActorPlacement(pg, ap.num_collector_actors, ap.num_evaluator_actors, owned=True)
+
+
+def current_placement(cfg: ExperimentConfig) -> ActorPlacement | None:
+    """The placement group this process runs in (a Tune trial's), if any, checked to have our bundles."""
+    from ray.util import get_current_placement_group
+
+    pg = get_current_placement_group()
+    if pg is None:
+        return None
+    want = bundles(cfg)
+    have = pg.bundle_specs
+    if len(have) < len(want):
+        raise PlacementError(
+            f"the trial's placement group has {len(have)} bundles but this config needs {len(want)} "
+            f"(driver + {cfg.policy.async_pipeline.num_collector_actors} collectors + "
+            f"{cfg.policy.async_pipeline.num_evaluator_actors} evaluators): build the trainable with "
+            f"muzero_tune.tune.make_trainable(cfg)"
+        )
+    ap = cfg.policy.async_pipeline
+    return ActorPlacement(pg, ap.num_collector_actors, ap.num_evaluator_actors, owned=False)
