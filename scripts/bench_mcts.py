@@ -77,8 +77,9 @@ def time_kernels(*, batch_size: int, num_actions: int, num_simulations: int, rep
             t.leaf_logits[:] = logits[sim]
             t0 = clock()
             kernels.select_leaves(t.children, t.prior, t.visit_count, t.value_sum, t.reward, t.min_value,
-                                  t.max_value, t.root_legal, t.path, t.path_len, t.sel_parent, t.sel_action,
-                                  batch_size, pb_c_base, pb_c_init, discount, value_delta_max, True)
+                                  t.max_value, t.root_legal, t.scores, t.path, t.path_len, t.sel_parent,
+                                  t.sel_action, batch_size, pb_c_base, pb_c_init, discount, value_delta_max,
+                                  True)
             t1 = clock()
             kernels.expand_and_backup(t.children, t.prior, t.visit_count, t.value_sum, t.reward,
                                       t.min_value, t.max_value, t.path, t.path_len, t.sel_parent,
@@ -132,7 +133,8 @@ def section_kernels(args: argparse.Namespace) -> None:
             rows.append([batch_size, num_actions, args.num_simulations, select_us, backup_us,
                          select_us + backup_us, run_us, run_us * batch_size])
     print_table(
-        "Tree work per simulation (network excluded; us = microseconds)",
+        "Tree work per simulation, network excluded (us = microseconds; kernel timings with deterministic "
+        "ties, run() with root noise + random ties and a zero-cost recurrent_fn)",
         ["B", "A", "sims", "select us/sim/tree", "expand+backup us/sim/tree", "kernels us/sim/tree",
          "run() us/sim/tree", "run() us/sim (batch)"],
         rows,
@@ -168,7 +170,60 @@ def section_compile(args: argparse.Namespace) -> None:
 
 
 # Sections run in order; later benchmark parts (e.g. search vs network per collect step) append theirs here.
-SECTIONS: list[Callable[[argparse.Namespace], None]] = [section_kernels, section_compile]
+def time_collect_step(preset: str, *, repeats: int, overrides: dict | None = None) -> tuple[float, float, int, int]:
+    """One collect step of a preset's real policy and network: (total ms, network ms, batch, simulations).
+
+    The network's initial and recurrent inference are wrapped with timers; search time = total - network.
+    """
+    from muzero_tune.config import make_config
+    from muzero_tune.pipeline.core import make_policy
+
+    cfg = make_config(preset, overrides=overrides or {})
+    policy, spec = make_policy(cfg)
+    model = policy.build_model().eval()
+    spent = [0.0]
+
+    def timed(fn):
+        def wrapper(*a, **k):
+            t0 = time.perf_counter()
+            out = fn(*a, **k)
+            spent[0] += time.perf_counter() - t0
+            return out
+        return wrapper
+
+    model.initial_inference = timed(model.initial_inference)
+    model.recurrent_inference = timed(model.recurrent_inference)
+    batch = cfg.env.collector_env_num
+    rng = np.random.default_rng(0)
+    dtype = np.uint8 if spec.frame_dtype == "uint8" else np.float32
+    obs = (rng.random((batch, *spec.obs_shape)) * (255 if dtype == np.uint8 else 1)).astype(dtype)
+    mask = np.ones((batch, spec.num_actions), dtype=bool)
+    policy.act(model, obs, mask, explore=True, temperature=1.0, rng=rng)  # warm-up
+    spent[0] = 0.0
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        policy.act(model, obs, mask, explore=True, temperature=1.0, rng=rng)
+    total = (time.perf_counter() - t0) / repeats
+    return 1e3 * total, 1e3 * spent[0] / repeats, batch, cfg.mcts.num_simulations
+
+
+def section_collect_step(args: argparse.Namespace) -> None:
+    rows = []
+    cases = [("cartpole_muzero", {}, max(5, args.repeats // 4))]
+    if not args.skip_pong:
+        cases.append(("pong_muzero", {"mcts.num_simulations": 50}, 3))
+    for preset, overrides, reps in cases:
+        total, net, batch, sims = time_collect_step(preset, repeats=reps, overrides=overrides)
+        search = total - net
+        rows.append((preset, batch, sims, f"{total:.2f}", f"{net:.2f}", f"{search:.2f}", f"{search / total:.1%}"))
+    print_table(
+        "one collect step (policy.act on the preset's env batch): search vs network",
+        ["preset", "B", "sims", "total ms", "network ms", "search ms", "search share"],
+        rows,
+    )
+
+
+SECTIONS: list[Callable[[argparse.Namespace], None]] = [section_kernels, section_compile, section_collect_step]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -179,6 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=200, help="searches timed per configuration")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-compile-timing", action="store_true", help="skip the cold/cached compile probe")
+    p.add_argument("--skip-pong", action="store_true", help="collect-step section: CartPole only")
     return p
 
 

@@ -146,3 +146,17 @@ def test_support_dataclass_matches_functions():
     torch.testing.assert_close(s.two_hot(s.transform(x)), s.to_target(x))
     with pytest.raises(ValueError):
         Support(size=0)
+
+
+def test_numba_decode_matches_torch_decode():
+    import numpy as np
+
+    from muzero_tune.models import logits_to_scalar, logits_to_scalar_np
+
+    g = torch.Generator().manual_seed(0)
+    for s in (5, 50, 300):
+        logits = torch.randn(64, 2 * s + 1, generator=g) * 3
+        ref = logits_to_scalar(logits.double(), support_size=s).numpy()
+        got = logits_to_scalar_np(logits.numpy(), support_size=s)
+        assert got.dtype == np.float32 and got.shape == (64,)
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)

@@ -85,74 +85,72 @@ def make_batch(
     reanalyze_count: int = 0,
     reanalyze_fn: ReanalyzeFn | None = None,
 ) -> TrainBatch:
-    """Build the targets of a prioritized sample.
+    """Build the targets of a prioritized sample (vectorised over the batch; :func:`n_step_targets` is the
+    per-element definition it must agree with).
 
     ``all_obs``: gather stacked observations for every unroll step (needed by the SSL loss), else only
     k = 0. ``reanalyze_count``: the first that many samples get fresh policy targets from
     ``reanalyze_fn`` (a search with the target model), written back into their segments' stored
     ``child_visits``.
     """
-    k_steps = num_unroll_steps
+    k_steps, td = num_unroll_steps, td_steps
     bsz = len(sample.positions)
-    actions = np.empty((bsz, k_steps), dtype=np.int64)
-    target_reward = np.zeros((bsz, k_steps), dtype=np.float32)
-    reward_mask = np.zeros((bsz, k_steps), dtype=np.float32)
-    target_value = np.zeros((bsz, k_steps + 1), dtype=np.float32)
-    value_mask = np.zeros((bsz, k_steps + 1), dtype=np.float32)
-    policy_mask = np.zeros((bsz, k_steps + 1), dtype=np.float32)
-    obs_mask = np.zeros((bsz, k_steps + 1), dtype=np.float32)
-    target_policy = np.zeros((bsz, k_steps + 1, num_actions), dtype=np.float32)
-
     if reanalyze_count > 0 and reanalyze_fn is not None:
         reanalyze_positions(sample.segments[:reanalyze_count], sample.positions[:reanalyze_count],
                             span=k_steps + 1, reanalyze_fn=reanalyze_fn)
 
-    frame_ndim = sample.segments[0].frames.ndim - 1
-    boot_obs: list[np.ndarray] = []
-    boot_where: list[tuple[int, int, float]] = []
+    width = k_steps + td  # reward window: r_{t} .. r_{t+K+td-1}
     n_obs = k_steps + 1 if all_obs else 1
-    frames = []
-    for b, (seg, t) in enumerate(zip(sample.segments, sample.positions)):
-        t = int(t)
-        m = seg.num_stored
-        obs_pos = np.minimum(np.arange(t, t + n_obs), m)
-        frames.append(seg.stacked_obs(obs_pos))
-        obs_mask[b, : n_obs] = (np.arange(t, t + n_obs) <= m)[: n_obs]
-        for k in range(k_steps + 1):
-            i = t + k
-            rsum, boot, gamma_n, valid = n_step_targets(seg, i, td_steps=td_steps, discount=discount)
-            value_mask[b, k] = float(valid)
-            target_value[b, k] = rsum
-            if boot is not None:
-                boot_obs.append(seg.stacked_obs(np.array([boot]))[0])
-                boot_where.append((b, k, gamma_n))
-            if i < m:
-                target_policy[b, k] = seg.stats["child_visits"][i]
-                policy_mask[b, k] = 1.0
-            if k < k_steps:
-                if i < m:
-                    actions[b, k] = seg.actions[i]
-                    target_reward[b, k] = seg.rewards[i]
-                    reward_mask[b, k] = 1.0
-                else:
-                    actions[b, k] = rng.integers(num_actions)
-                    reward_mask[b, k] = float(seg.terminal_at_end)
+    rewards = np.zeros((bsz, width), dtype=np.float64)
+    actions = rng.integers(num_actions, size=(bsz, k_steps)).astype(np.int64)  # random past the data
+    target_policy = np.zeros((bsz, k_steps + 1, num_actions), dtype=np.float32)
+    stored = np.empty(bsz, dtype=np.int64)  # M per sample
+    terminal = np.empty(bsz, dtype=bool)
+    t_pos = np.asarray(sample.positions, dtype=np.int64)
+    frames, boot_frames = [], []
+    ks = np.arange(k_steps + 1)
+    for b, seg in enumerate(sample.segments):
+        t, m = int(t_pos[b]), seg.num_stored
+        stored[b], terminal[b] = m, seg.terminal_at_end
+        r = seg.rewards[t : t + width]
+        rewards[b, : len(r)] = r
+        a = seg.actions[t : t + k_steps]
+        actions[b, : len(a)] = a
+        p = seg.stats["child_visits"][t : t + k_steps + 1]
+        target_policy[b, : len(p)] = p
+        frames.append(seg.stacked_obs(np.minimum(np.arange(t, t + n_obs), m)))
+        # bootstrap observation of every unroll index (clamped; unused ones are masked below)
+        i = t + ks
+        boot_frames.append(seg.stacked_obs(np.minimum(i + np.clip(np.minimum(td, m - i), 0, None), m)))
 
-    if boot_obs:
-        values = value_fn(stack_frames(np.stack(boot_obs), frame_ndim=frame_ndim))
-        for (b, k, gamma_n), v in zip(boot_where, values):
-            target_value[b, k] += gamma_n * float(v)
-
+    i = t_pos[:, None] + ks[None, :]  # [B, K+1]
+    m = stored[:, None]
+    in_data = i < m  # [B, K+1]
+    n = np.clip(np.minimum(td, m - i), 0, None)  # [B, K+1] reward terms per target
+    windows = np.lib.stride_tricks.sliding_window_view(rewards, td, axis=1)[:, : k_steps + 1]  # [B, K+1, td]
+    j = np.arange(td)
+    reward_sum = np.sum(windows * (discount**j) * (j[None, None, :] < n[:, :, None]), axis=-1)
+    boot_ok = in_data & ~((i + n == m) & terminal[:, None])
+    frame_ndim = sample.segments[0].frames.ndim - 1
+    target_value = reward_sum
+    if boot_ok.any():
+        boot_obs = stack_frames(np.stack(boot_frames), frame_ndim=frame_ndim)  # [B, K+1, *obs_shape]
+        values = value_fn(boot_obs[boot_ok])
+        target_value = reward_sum.copy()
+        target_value[boot_ok] += (discount ** n[boot_ok]) * values
+    value_mask = in_data | terminal[:, None]
+    step_in_data = (i[:, :k_steps] < m)
+    reward_mask = step_in_data | terminal[:, None]
     return TrainBatch(
         obs=stack_frames(np.stack(frames), frame_ndim=frame_ndim),
         actions=actions,
-        target_value=target_value,
-        target_reward=target_reward,
+        target_value=target_value.astype(np.float32),
+        target_reward=(rewards[:, :k_steps] * step_in_data).astype(np.float32),
         target_policy=target_policy,
-        value_mask=value_mask,
-        reward_mask=reward_mask,
-        policy_mask=policy_mask,
-        obs_mask=obs_mask,
+        value_mask=value_mask.astype(np.float32),
+        reward_mask=reward_mask.astype(np.float32),
+        policy_mask=in_data.astype(np.float32),
+        obs_mask=(i <= m).astype(np.float32),
         weights=sample.weights,
         flat_index=sample.flat_index,
         make_time=sample.make_time,

@@ -1,0 +1,261 @@
+"""Learner and MuZero loss: importance weighting of the loss, train_step effects and priorities, the target
+network schedule, exact checkpoint/resume (torch.save + torch.load(weights_only=True)), LR schedule."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import io
+
+import numpy as np
+import pytest
+import torch
+
+from muzero_tune.config import make_config
+from muzero_tune.envs.spec import EnvSpec
+from muzero_tune.models import logits_to_scalar
+from muzero_tune.pipeline.learner import Learner, lr_factor
+from muzero_tune.policies.muzero import MuZeroPolicy
+from muzero_tune.replay.buffer import ReplayBuffer
+from muzero_tune.replay.segment import GameSegment
+
+B = 16
+K = 3
+TD = 3
+SPEC = EnvSpec(env_id="CartPole-v1", frame_shape=(4,), frame_dtype="float32", frame_stack=1, num_actions=2,
+               action_kind="discrete")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def small_cfg(**extra):
+    overrides = {
+        "model.hidden_dim": 32,
+        "model.latent_dim": 16,
+        "model.projection_dim": 16,
+        "model.value_support_size": 10,
+        "model.reward_support_size": 5,
+        "mcts.num_simulations": 2,
+        "replay.num_unroll_steps": K,
+        "replay.td_steps": TD,
+        "replay.game_segment_length": 10,
+        "learn.batch_size": B,
+        "learn.target_update_interval": 3,
+        "learn.learning_rate": 1e-2,
+        "learn.lr_schedule": "piecewise",
+        "learn.lr_milestones": (2, 4),
+        "learn.lr_decay_factor": 0.5,
+        "seed": 3,
+    }
+    overrides.update(extra)
+    return make_config("cartpole_muzero", overrides=overrides)
+
+
+def cartpole_like_segment(rng: np.random.Generator, num_real: int, pad: int, terminal: bool) -> GameSegment:
+    m = num_real + pad
+    return GameSegment(
+        frames=rng.normal(scale=0.5, size=(m + 1, 4)).astype(np.float32),
+        actions=rng.integers(0, 2, size=m).astype(np.int64),
+        rewards=np.ones(m, dtype=np.float32),
+        stats={
+            "child_visits": rng.dirichlet([1.0, 1.0], size=m).astype(np.float32),
+            "root_value": rng.normal(size=m).astype(np.float32),
+            "legal_mask": np.ones((m, 2), dtype=bool),
+        },
+        num_real=num_real,
+        frame_stack=1,
+        done=terminal,
+        terminal_at_end=terminal,
+    )
+
+
+def make_batches(cfg, n: int, seed: int = 0):
+    """``n`` fixed batches from a buffer of random CartPole-like segments (bootstrap from a fresh net)."""
+    rng = np.random.default_rng(seed)
+    policy = MuZeroPolicy(cfg, SPEC)
+    buf = ReplayBuffer(capacity_transitions=1000)
+    segs = [cartpole_like_segment(rng, 10, K + TD, False) for _ in range(6)]
+    segs += [cartpole_like_segment(rng, 7, 0, True), cartpole_like_segment(rng, 4, 0, False)]
+    buf.push(segs)
+    torch.manual_seed(123)
+    target = policy.build_model()
+    return [policy.make_batch(buf.sample(B, rng), target_model=target, rng=rng) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return small_cfg()
+
+
+@pytest.fixture(scope="module")
+def batches(cfg):
+    return make_batches(cfg, 6)
+
+
+def params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def assert_same(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_loss_importance_weighting(cfg, batches):
+    policy = MuZeroPolicy(cfg, SPEC)
+    torch.manual_seed(0)
+    model = policy.build_model()
+    batch = batches[0]
+    uniform = dataclasses.replace(batch, weights=np.ones(B, dtype=np.float32))
+    out = policy.compute_loss(model, uniform, train_iter=0)
+    per = out.per_sample_loss.detach()
+    assert per.shape == (B,) and torch.all(per > 0)
+    assert len(torch.unique(per)) > 1  # samples differ, so the checks below can tell them apart
+    torch.testing.assert_close(out.loss.detach(), per.mean(), rtol=1e-6, atol=0.0)
+    for j in (0, 5, B - 1):
+        w = np.zeros(B, dtype=np.float32)
+        w[j] = 1.0
+        one = policy.compute_loss(model, dataclasses.replace(batch, weights=w), train_iter=0)
+        torch.testing.assert_close(one.per_sample_loss.detach(), per, rtol=0.0, atol=0.0)
+        torch.testing.assert_close(one.loss.detach(), per[j] / B, rtol=1e-6, atol=0.0)
+    # general weights: mean of w * loss (not normalised by the weights' sum)
+    w = np.linspace(0.1, 1.0, B).astype(np.float32)
+    gen = policy.compute_loss(model, dataclasses.replace(batch, weights=w), train_iter=0)
+    torch.testing.assert_close(gen.loss.detach(), (torch.as_tensor(w) * per).sum() / B, rtol=1e-5, atol=0.0)
+
+
+def test_train_step_changes_parameters_and_returns_priorities(cfg, batches):
+    learner = Learner(cfg, MuZeroPolicy(cfg, SPEC))
+    batch = batches[1]
+    before = params(learner.model)
+    with torch.no_grad():
+        root = learner.model.initial_inference(torch.as_tensor(batch.obs[:, 0]))
+        v_hat = logits_to_scalar(root.value_logits, support_size=learner.model.value_support_size).numpy()
+    out = learner.train_step(batch)
+    after = params(learner.model)
+    changed = [k for k in before if not torch.equal(before[k], after[k])]
+    assert len(changed) > len(before) // 2
+    assert out.priorities.shape == (B,)
+    assert np.all(out.priorities >= 1e-6)
+    np.testing.assert_allclose(out.priorities, np.abs(v_hat - batch.target_value[:, 0]) + 1e-6, rtol=1e-5,
+                               atol=1e-6)
+    assert learner.train_iter == 1
+    assert np.isfinite(out.metrics["train/loss_total"]) and out.metrics["train/grad_norm"] > 0
+
+
+def test_target_network_copied_every_interval(cfg, batches):
+    learner = Learner(cfg, MuZeroPolicy(cfg, SPEC))
+    assert learner.cfg.learn.target_update_interval == 3
+    target = params(learner.target_model)
+    assert_same(target, params(learner.model))
+    for step in range(1, 8):
+        learner.train_step(batches[(step - 1) % len(batches)])
+        model_now, target_now = params(learner.model), params(learner.target_model)
+        if step % 3 == 0:
+            assert_same(target_now, model_now)
+            target = target_now
+        else:
+            assert_same(target_now, target)  # unchanged between copies
+            assert any(not torch.equal(target_now[k], model_now[k]) for k in model_now)
+    assert not any(p.requires_grad for p in learner.target_model.parameters())
+
+
+def _roundtrip(state: dict) -> dict:
+    f = io.BytesIO()
+    torch.save(state, f)
+    f.seek(0)
+    return torch.load(f, weights_only=True)
+
+
+def _assert_nested_equal(a, b, path="") -> None:
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and torch.equal(a, b), path
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), path
+        for k in a:
+            _assert_nested_equal(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            _assert_nested_equal(x, y, f"{path}[{i}]")
+    else:
+        assert a == b, path
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+def test_resume_is_exact(optimizer, batches):
+    cfg = small_cfg(**{"learn.optimizer": optimizer})
+    policy = MuZeroPolicy(cfg, SPEC)
+    straight = Learner(cfg, policy)
+    for b in batches:
+        straight.train_step(b)
+
+    first = Learner(cfg, policy)
+    for b in batches[:3]:
+        first.train_step(b)
+    state = _roundtrip(first.state_dict())
+    assert state["train_iter"] == 3
+    resumed = Learner(cfg, policy)  # fresh init (re-seeds torch), then overwritten by the checkpoint
+    resumed.load_state_dict(state)
+    for b in batches[3:]:
+        resumed.train_step(b)
+
+    assert resumed.train_iter == straight.train_iter == 6
+    assert_same(params(resumed.model), params(straight.model))
+    assert_same(params(resumed.target_model), params(straight.target_model))
+    _assert_nested_equal(resumed.optimizer.state_dict(), straight.optimizer.state_dict(), "optimizer")
+    assert resumed.optimizer.param_groups[0]["lr"] == straight.optimizer.param_groups[0]["lr"]
+    assert resumed.scheduler.get_last_lr() == straight.scheduler.get_last_lr()
+    assert resumed.scheduler.last_epoch == straight.scheduler.last_epoch == 6
+    # and training really moved the weights away from where the checkpoint was taken
+    assert any(not torch.equal(v, params(resumed.model)[k]) for k, v in state["model"].items())
+
+
+def test_state_dict_restores_rng_states(cfg):
+    learner = Learner(cfg, MuZeroPolicy(cfg, SPEC))
+    torch.manual_seed(42)
+    np.random.seed(42)
+    state = _roundtrip(learner.state_dict())
+    expect = (torch.rand(3), np.random.rand(3))
+    other = Learner(cfg, MuZeroPolicy(cfg, SPEC))
+    torch.manual_seed(0)
+    np.random.seed(0)
+    other.load_state_dict(state)
+    torch.testing.assert_close(torch.rand(3), expect[0], rtol=0, atol=0)
+    np.testing.assert_array_equal(np.random.rand(3), expect[1])
+
+
+def test_piecewise_lr_schedule(batches):
+    cfg = small_cfg(**{"learn.optimizer": "sgd", "learn.learning_rate": 0.2, "learn.lr_milestones": (2, 4),
+                       "learn.lr_decay_factor": 0.1})
+    lc = cfg.learn
+    # factor 1 before the first milestone, x0.1 from step 2, x0.01 from step 4
+    assert [lr_factor(lc, s) for s in range(7)] == pytest.approx([1, 1, 0.1, 0.1, 0.01, 0.01, 0.01])
+    learner = Learner(cfg, MuZeroPolicy(cfg, SPEC))
+    expected_used = [0.2, 0.2, 0.02, 0.02, 0.002, 0.002]  # lr in effect during train steps 1..6
+    for s, b in enumerate(batches):
+        assert learner.optimizer.param_groups[0]["lr"] == pytest.approx(expected_used[s])
+        out = learner.train_step(b)
+        assert out.metrics["train/lr"] == pytest.approx(0.2 * lr_factor(lc, s + 1))
+    # the lr really is what the optimizer used: one SGD step (no momentum, no decay) moves by lr * grad
+    cfg2 = small_cfg(**{"learn.optimizer": "sgd", "learn.learning_rate": 0.2, "learn.momentum": 0.0,
+                        "learn.weight_decay": 0.0, "learn.lr_milestones": (1, 4),
+                        "learn.lr_decay_factor": 0.1, "learn.grad_clip_norm": 1e9})
+    ln = Learner(cfg2, MuZeroPolicy(cfg2, SPEC))
+    ln.train_step(batches[0])  # step 1 at lr 0.2; the schedule drops it to 0.02 for step 2
+    assert ln.optimizer.param_groups[0]["lr"] == pytest.approx(0.02)
+    model_copy = copy.deepcopy(ln.model)
+    out = ln.policy.compute_loss(model_copy, batches[1], train_iter=1)
+    out.loss.backward()
+    expect = {n: p.detach() - 0.02 * p.grad for n, p in model_copy.named_parameters() if p.grad is not None}
+    ln.train_step(batches[1])
+    got = dict(ln.model.named_parameters())
+    for n, v in expect.items():
+        torch.testing.assert_close(got[n].detach(), v, rtol=1e-5, atol=1e-6)

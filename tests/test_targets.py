@@ -1,0 +1,337 @@
+"""Training targets: hand-computed n-step value / reward / policy targets and masks for the four kinds of
+positions (deep inside, near a non-terminal end, terminated, truncated), an equivalence test of the
+vectorised ``make_batch`` against a plain per-element loop, and the reanalyze write-back.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from muzero_tune.replay.buffer import SampledIndices
+from muzero_tune.replay.segment import GameSegment
+from muzero_tune.replay.targets import make_batch, n_step_targets
+
+A = 2  # actions
+
+
+def visits_for(m: int, salt: float = 0.0) -> np.ndarray:
+    """Distinct, recognisable visit distributions: row i = [p, 1 - p] with p = (i + 1) / 100 + salt."""
+    p = (np.arange(m) + 1) / 100.0 + salt
+    return np.stack([p, 1.0 - p], axis=1).astype(np.float32)
+
+
+def hand_segment(*, m: int, num_real: int, terminal: bool, done: bool, frame_stack: int = 1,
+                 frame0: float = 100.0, salt: float = 0.0) -> GameSegment:
+    """rewards r_i = i + 1; observation i's frame = [frame0 + i, -1] (reset copies before position 0)."""
+    fs = frame_stack
+    vals = np.concatenate([np.full(fs - 1, frame0), frame0 + np.arange(m + 1)])
+    frames = np.stack([vals, -np.ones_like(vals)], axis=1).astype(np.float32)
+    return GameSegment(
+        frames=frames,
+        actions=(np.arange(m) % A).astype(np.int64),
+        rewards=(np.arange(m) + 1).astype(np.float32),
+        stats={"child_visits": visits_for(m, salt), "legal_mask": np.ones((m, A), dtype=bool)},
+        num_real=num_real,
+        frame_stack=fs,
+        done=done,
+        terminal_at_end=terminal,
+    )
+
+
+def sample_of(segments, positions) -> SampledIndices:
+    b = len(segments)
+    return SampledIndices(
+        flat_index=np.arange(b, dtype=np.int64),
+        segments=tuple(segments),
+        positions=np.asarray(positions, dtype=np.int64),
+        weights=np.linspace(0.5, 1.0, b).astype(np.float32),
+        make_time=7,
+    )
+
+
+class RecordingValue:
+    """value(obs) = first element of the stacked observation; records what it was asked."""
+
+    def __init__(self):
+        self.calls: list[np.ndarray] = []
+
+    def __call__(self, obs: np.ndarray) -> np.ndarray:
+        self.calls.append(obs.copy())
+        return obs[:, 0].astype(np.float32)
+
+
+def test_hand_computed_targets():
+    g = 0.5  # discount
+    td, K = 3, 3
+    # r_i = i + 1, v(o_i) = 100 + i for each segment (frame0 = 100)
+    deep = hand_segment(m=10, num_real=4, terminal=False, done=False)  # 4 real + 6 padding
+    near_end = hand_segment(m=7, num_real=4, terminal=False, done=False)  # 4 real + 3 padding
+    terminated = hand_segment(m=5, num_real=5, terminal=True, done=True)
+    truncated = hand_segment(m=5, num_real=5, terminal=False, done=True)
+    padded_to_terminal = hand_segment(m=8, num_real=4, terminal=True, done=False)
+    segs = [deep, near_end, terminated, truncated, padded_to_terminal]
+    starts = [1, 3, 3, 3, 3]
+    vf = RecordingValue()
+    batch = make_batch(
+        sample_of(segs, starts),
+        num_unroll_steps=K, td_steps=td, discount=g, num_actions=A, value_fn=vf,
+        rng=np.random.default_rng(0),
+    )
+    r = lambda i: i + 1.0  # noqa: E731 -- reward after action i
+    v = lambda i: 100.0 + i  # noqa: E731 -- bootstrap value of observation i
+
+    expect_value = np.array([
+        # deep, t = 1, full 3-step returns, bootstrap from o_{i+3}
+        [r(1) + g * r(2) + g**2 * r(3) + g**3 * v(4),
+         r(2) + g * r(3) + g**2 * r(4) + g**3 * v(5),
+         r(3) + g * r(4) + g**2 * r(5) + g**3 * v(6),
+         r(4) + g * r(5) + g**2 * r(6) + g**3 * v(7)],
+        # near a non-terminal end (M = 7), t = 3: n shrinks to 2 then 1, bootstrap from the last obs o_7
+        [r(3) + g * r(4) + g**2 * r(5) + g**3 * v(6),
+         r(4) + g * r(5) + g**2 * r(6) + g**3 * v(7),
+         r(5) + g * r(6) + g**2 * v(7),
+         r(6) + g * v(7)],
+        # terminated at M = 5, t = 3: no bootstrap at the terminal, absorbing zeros past it
+        [r(3) + g * r(4), r(4), 0.0, 0.0],
+        # truncated at M = 5, t = 3: bootstrap from the final obs o_5; past the end unknown
+        [r(3) + g * r(4) + g**2 * v(5), r(4) + g * v(5), 0.0, 0.0],
+        # padded predecessor whose data ends in a terminal o_8, t = 3
+        [r(3) + g * r(4) + g**2 * r(5) + g**3 * v(6),
+         r(4) + g * r(5) + g**2 * r(6) + g**3 * v(7),
+         r(5) + g * r(6) + g**2 * r(7),
+         r(6) + g * r(7)],
+    ])
+    # the written-out numbers, for the record: 2 + 1.5 + 1 + 13 = 17.5 etc.
+    assert expect_value[0, 0] == 17.5 and expect_value[2, 0] == 6.5 and expect_value[3, 1] == 57.5
+    expect_vmask = np.array([[1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 1]])
+    np.testing.assert_allclose(batch.target_value, expect_value, rtol=1e-6)
+    np.testing.assert_array_equal(batch.value_mask, expect_vmask)
+
+    expect_reward = np.array([
+        [r(1), r(2), r(3)],
+        [r(3), r(4), r(5)],
+        [r(3), r(4), 0.0],  # past a terminal: reward 0, trained on
+        [r(3), r(4), 0.0],  # past a truncation: masked
+        [r(3), r(4), r(5)],
+    ])
+    expect_rmask = np.array([[1, 1, 1], [1, 1, 1], [1, 1, 1], [1, 1, 0], [1, 1, 1]])
+    np.testing.assert_array_equal(batch.target_reward, expect_reward)
+    np.testing.assert_array_equal(batch.reward_mask, expect_rmask)
+
+    expect_pmask = np.array([[1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 0, 0], [1, 1, 1, 1]])
+    np.testing.assert_array_equal(batch.policy_mask, expect_pmask)
+    for b, t in enumerate(starts):
+        for k in range(K + 1):
+            if expect_pmask[b, k]:
+                p = (t + k + 1) / 100  # visits row i = [(i + 1) / 100, 1 - (i + 1) / 100]
+                np.testing.assert_allclose(batch.target_policy[b, k], [p, 1 - p], rtol=1e-6)
+            else:
+                np.testing.assert_array_equal(batch.target_policy[b, k], np.zeros(A))
+
+    # actions: stored where i < M, uniformly random (in range) past the end
+    for b, (seg, t) in enumerate(zip(segs, starts)):
+        for k in range(K):
+            if t + k < seg.num_stored:
+                assert batch.actions[b, k] == seg.actions[t + k]
+            else:
+                assert 0 <= batch.actions[b, k] < A
+    # observations: o_{min(t+k, M)}; obs_mask 1 for i <= M
+    np.testing.assert_array_equal(batch.obs[:, :, 0], [[101, 102, 103, 104], [103, 104, 105, 106],
+                                                       [103, 104, 105, 105], [103, 104, 105, 105],
+                                                       [103, 104, 105, 106]])
+    np.testing.assert_array_equal(batch.obs_mask, [[1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 0], [1, 1, 1, 0],
+                                                   [1, 1, 1, 1]])
+    # no bootstrap value was ever taken from a terminal observation (o_5 of `terminated`, o_8 of the last)
+    asked = np.concatenate(vf.calls)[:, 0]
+    assert 108.0 not in asked
+    assert len(asked) == 4 + 4 + 0 + 2 + 2
+    np.testing.assert_array_equal(batch.weights, np.linspace(0.5, 1.0, 5).astype(np.float32))
+    assert batch.make_time == 7
+
+
+def test_terminal_batch_never_calls_value_fn():
+    seg = hand_segment(m=4, num_real=4, terminal=True, done=True)
+    vf = RecordingValue()
+    batch = make_batch(sample_of([seg], [1]), num_unroll_steps=2, td_steps=5, discount=0.9, num_actions=A,
+                       value_fn=vf, rng=np.random.default_rng(0))
+    assert vf.calls == []
+    # i = 1: 2 + .9 * 3 + .81 * 4; i = 2: 3 + .9 * 4; i = 3: 4
+    np.testing.assert_allclose(batch.target_value[0], [2 + 0.9 * 3 + 0.81 * 4, 3 + 0.9 * 4, 4.0], rtol=1e-6)
+
+
+def test_bootstrap_uses_stacked_window():
+    """frame_stack 2: the bootstrap observation is [o_{b-1}, o_b] (reset copies before position 0)."""
+    seg = hand_segment(m=6, num_real=3, terminal=False, done=False, frame_stack=2)
+    seen: list[np.ndarray] = []
+
+    def vf(obs):
+        seen.append(obs.copy())
+        return 1000.0 * obs[:, 0] + obs[:, 2]  # oldest frame x 1000 + newest frame
+
+    batch = make_batch(sample_of([seg], [0]), num_unroll_steps=1, td_steps=2, discount=1.0, num_actions=A,
+                       value_fn=vf, rng=np.random.default_rng(0))
+    # k=0: r0 + r1 + v([o1, o2]); k=1: r1 + r2 + v([o2, o3])
+    np.testing.assert_allclose(batch.target_value[0], [1 + 2 + 101_000 + 102, 2 + 3 + 102_000 + 103])
+    # position 0's window is [reset copy, o0]
+    np.testing.assert_array_equal(batch.obs[0, 0], [100, -1, 100, -1])
+    np.testing.assert_array_equal(batch.obs[0, 1], [100, -1, 101, -1])
+    assert np.concatenate(seen).shape == (2, 4)
+
+
+def test_n_step_targets_direct():
+    seg = hand_segment(m=5, num_real=5, terminal=True, done=True)
+    assert n_step_targets(seg, 4, td_steps=3, discount=0.5) == (5.0, None, 0.0, True)
+    assert n_step_targets(seg, 7, td_steps=3, discount=0.5) == (0.0, None, 0.0, True)
+    trunc = hand_segment(m=5, num_real=5, terminal=False, done=True)
+    assert n_step_targets(trunc, 4, td_steps=3, discount=0.5) == (5.0, 5, 0.5, True)
+    assert n_step_targets(trunc, 5, td_steps=3, discount=0.5)[3] is False
+
+
+# ---------------------------------------------------------------------------------------------- equivalence
+
+
+def random_segment(rng: np.random.Generator, frame_stack: int) -> GameSegment:
+    m = int(rng.integers(1, 16))
+    num_real = int(rng.integers(1, m + 1))
+    ended = num_real == m and rng.random() < 0.7
+    terminal = bool(rng.random() < 0.5) if (ended or num_real < m) else False
+    frames = rng.normal(size=(frame_stack - 1 + m + 1, 2)).astype(np.float32)
+    visits = rng.dirichlet(np.ones(3), size=m).astype(np.float32)
+    return GameSegment(
+        frames=frames,
+        actions=rng.integers(0, 3, size=m).astype(np.int64),
+        rewards=rng.normal(size=m).astype(np.float32),
+        stats={"child_visits": visits, "legal_mask": np.ones((m, 3), dtype=bool)},
+        num_real=num_real,
+        frame_stack=frame_stack,
+        done=ended,
+        terminal_at_end=terminal,
+    )
+
+
+def loop_targets(seg: GameSegment, t: int, *, K: int, td: int, gamma: float, value):
+    """A plain per-element implementation of the target rules (independent of the library's)."""
+    m, fs = seg.num_stored, seg.frame_stack
+
+    def stacked(i):
+        return seg.frames[i : i + fs].reshape(-1)
+
+    tv, vm, tp, pm, tr, rm, ob, om = [], [], [], [], [], [], [], []
+    for k in range(K + 1):
+        i = t + k
+        if i < m:
+            n = min(td, m - i)
+            z = 0.0
+            for j in range(n):
+                z += gamma**j * float(seg.rewards[i + j])
+            if not (i + n == m and seg.terminal_at_end):
+                z += gamma**n * float(value(stacked(i + n)[None])[0])
+            tv.append(z)
+            vm.append(1.0)
+            tp.append(seg.stats["child_visits"][i])
+            pm.append(1.0)
+        else:
+            tv.append(0.0)
+            vm.append(1.0 if seg.terminal_at_end else 0.0)
+            tp.append(np.zeros(3))
+            pm.append(0.0)
+        if k < K:
+            tr.append(float(seg.rewards[i]) if i < m else 0.0)
+            rm.append(1.0 if i < m or seg.terminal_at_end else 0.0)
+        ob.append(stacked(min(i, m)))
+        om.append(1.0 if i <= m else 0.0)
+    return [np.array(x) for x in (tv, vm, tp, pm, tr, rm, ob, om)]
+
+
+@pytest.mark.parametrize("frame_stack, td", [(1, 1), (1, 4), (3, 3), (3, 10)])
+def test_make_batch_equals_plain_loop(frame_stack, td):
+    rng = np.random.default_rng(100 * frame_stack + td)
+    K, gamma = 4, 0.9
+    w = np.array([0.7, -1.3] * frame_stack)
+
+    def value(obs):
+        return np.tanh(obs @ w).astype(np.float32)
+
+    segs = [random_segment(rng, frame_stack) for _ in range(40)]
+    pos = [int(rng.integers(0, s.num_real)) for s in segs]
+    batch = make_batch(sample_of(segs, pos), num_unroll_steps=K, td_steps=td, discount=gamma, num_actions=3,
+                       value_fn=value, rng=np.random.default_rng(1))
+    assert any(s.terminal_at_end for s in segs) and any(not s.terminal_at_end for s in segs)
+    assert any(t + K >= s.num_stored for s, t in zip(segs, pos))
+    for b, (seg, t) in enumerate(zip(segs, pos)):
+        tv, vm, tp, pm, tr, rm, ob, om = loop_targets(seg, t, K=K, td=td, gamma=gamma, value=value)
+        np.testing.assert_allclose(batch.target_value[b], tv, rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(batch.value_mask[b], vm)
+        np.testing.assert_array_equal(batch.target_policy[b], tp)
+        np.testing.assert_array_equal(batch.policy_mask[b], pm)
+        np.testing.assert_array_equal(batch.target_reward[b], tr)
+        np.testing.assert_array_equal(batch.reward_mask[b], rm)
+        np.testing.assert_array_equal(batch.obs[b], ob)
+        np.testing.assert_array_equal(batch.obs_mask[b], om)
+        for k in range(K):
+            if t + k < seg.num_stored:
+                assert batch.actions[b, k] == seg.actions[t + k]
+            else:
+                assert 0 <= batch.actions[b, k] < 3
+    # all_obs=False: only k = 0
+    first = make_batch(sample_of(segs, pos), num_unroll_steps=K, td_steps=td, discount=gamma, num_actions=3,
+                       value_fn=value, rng=np.random.default_rng(1), all_obs=False)
+    assert first.obs.shape == (40, 1, 2 * frame_stack)
+    np.testing.assert_array_equal(first.obs[:, 0], batch.obs[:, 0])
+    np.testing.assert_array_equal(first.target_value, batch.target_value)
+
+
+# ---------------------------------------------------------------------------------------------- reanalyze
+
+
+def test_reanalyze_writes_back_and_is_the_target():
+    K = 3
+    segs = [
+        hand_segment(m=10, num_real=6, terminal=False, done=False, frame0=100.0),  # t = 2: positions 2..5
+        hand_segment(m=5, num_real=5, terminal=True, done=True, frame0=200.0),  # t = 3: positions 3..4 only
+        hand_segment(m=10, num_real=6, terminal=False, done=False, frame0=300.0),
+        hand_segment(m=6, num_real=6, terminal=False, done=True, frame0=400.0),
+    ]
+    segs[1].stats["legal_mask"][:, 1] = False  # the legal masks passed along are the stored ones
+    before = [s.stats["child_visits"].copy() for s in segs]
+    positions = [2, 3, 1, 4]
+    calls = []
+
+    def reanalyze_fn(obs, legal):
+        calls.append((obs.copy(), legal.copy()))
+        p = 0.05 + 0.9 * (obs[:, 0] % 100) / 100.0  # depends on the observation it was given
+        return np.stack([p, 1 - p], axis=1).astype(np.float32)
+
+    batch = make_batch(sample_of(segs, positions), num_unroll_steps=K, td_steps=2, discount=0.9,
+                       num_actions=A, value_fn=RecordingValue(), rng=np.random.default_rng(0),
+                       reanalyze_count=2, reanalyze_fn=reanalyze_fn)
+    assert len(calls) == 1
+    obs, legal = calls[0]
+    # positions searched: seg 0 at 2, 3, 4, 5 and seg 1 at 3, 4 (stored data ends at M = 5)
+    np.testing.assert_array_equal(obs[:, 0], [102, 103, 104, 105, 203, 204])
+    np.testing.assert_array_equal(legal, [[True, True]] * 4 + [[True, False]] * 2)
+
+    def dist(frame):
+        p = 0.05 + 0.9 * (frame % 100) / 100.0
+        return np.array([p, 1 - p], dtype=np.float32)
+
+    # written back into the segments' stored visits, nowhere else
+    for b, (seg, t) in enumerate(zip(segs, positions)):
+        cv = seg.stats["child_visits"]
+        for i in range(seg.num_stored):
+            if b < 2 and t <= i <= t + K and i < seg.num_stored:
+                np.testing.assert_allclose(cv[i], dist(seg.frames[i, 0]), rtol=1e-6)
+            else:
+                np.testing.assert_array_equal(cv[i], before[b][i])
+    # and the returned policy targets are the fresh ones (stored ones for the other samples)
+    for b, (seg, t) in enumerate(zip(segs, positions)):
+        for k in range(K + 1):
+            i = t + k
+            if i < seg.num_stored:
+                expect = dist(seg.frames[i, 0]) if b < 2 else before[b][i]
+                np.testing.assert_allclose(batch.target_policy[b, k], expect, rtol=1e-6)
+                assert batch.policy_mask[b, k] == 1
+            else:
+                assert batch.policy_mask[b, k] == 0
+    assert not np.allclose(batch.target_policy[0, 0], before[0][2])
