@@ -104,45 +104,48 @@ def make_batch(
     rewards = np.zeros((bsz, width), dtype=np.float64)
     actions = rng.integers(num_actions, size=(bsz, k_steps)).astype(np.int64)  # random past the data
     target_policy = np.zeros((bsz, k_steps + 1, num_actions), dtype=np.float32)
-    stored = np.empty(bsz, dtype=np.int64)  # M per sample
-    terminal = np.empty(bsz, dtype=bool)
+    segs = sample.segments
+    stored = np.fromiter((s.num_stored for s in segs), dtype=np.int64, count=bsz)  # M per sample
+    terminal = np.fromiter((s.terminal_at_end for s in segs), dtype=bool, count=bsz)
     t_pos = np.asarray(sample.positions, dtype=np.int64)
-    frames, boot_frames = [], []
     ks = np.arange(k_steps + 1)
-    for b, seg in enumerate(sample.segments):
-        t, m = int(t_pos[b]), seg.num_stored
-        stored[b], terminal[b] = m, seg.terminal_at_end
+    i = t_pos[:, None] + ks[None, :]  # [B, K+1] unroll indices
+    m = stored[:, None]
+    n = np.clip(np.minimum(td, m - i), 0, None)  # [B, K+1] reward terms per value target
+    # observation positions to gather per sample: the unrolled observations, then each bootstrap observation
+    # (clamped to M; unused ones are masked below) -- one fancy-index gather per sample
+    obs_pos = np.minimum(t_pos[:, None] + np.arange(n_obs)[None, :], m)  # [B, n_obs]
+    gather = np.concatenate([obs_pos, np.minimum(i + n, m)], axis=1)  # [B, n_obs + K+1]
+    fs = segs[0].frame_stack
+    window = np.arange(fs)
+    gathered = []
+    for b, seg in enumerate(segs):
+        t = int(t_pos[b])
         r = seg.rewards[t : t + width]
         rewards[b, : len(r)] = r
         a = seg.actions[t : t + k_steps]
         actions[b, : len(a)] = a
         p = seg.stats["child_visits"][t : t + k_steps + 1]
         target_policy[b, : len(p)] = p
-        frames.append(seg.stacked_obs(np.minimum(np.arange(t, t + n_obs), m)))
-        # bootstrap observation of every unroll index (clamped; unused ones are masked below)
-        i = t + ks
-        boot_frames.append(seg.stacked_obs(np.minimum(i + np.clip(np.minimum(td, m - i), 0, None), m)))
+        gathered.append(seg.frames[gather[b][:, None] + window])  # [n_obs + K+1, fs, *frame_shape]
+    frame_ndim = segs[0].frames.ndim - 1
+    all_frames = stack_frames(np.stack(gathered), frame_ndim=frame_ndim)  # [B, n_obs + K+1, *obs_shape]
 
-    i = t_pos[:, None] + ks[None, :]  # [B, K+1]
-    m = stored[:, None]
     in_data = i < m  # [B, K+1]
-    n = np.clip(np.minimum(td, m - i), 0, None)  # [B, K+1] reward terms per target
     windows = np.lib.stride_tricks.sliding_window_view(rewards, td, axis=1)[:, : k_steps + 1]  # [B, K+1, td]
     j = np.arange(td)
     reward_sum = np.sum(windows * (discount**j) * (j[None, None, :] < n[:, :, None]), axis=-1)
     boot_ok = in_data & ~((i + n == m) & terminal[:, None])
-    frame_ndim = sample.segments[0].frames.ndim - 1
     target_value = reward_sum
     if boot_ok.any():
-        boot_obs = stack_frames(np.stack(boot_frames), frame_ndim=frame_ndim)  # [B, K+1, *obs_shape]
-        values = value_fn(boot_obs[boot_ok])
+        values = value_fn(all_frames[:, n_obs:][boot_ok])
         target_value = reward_sum.copy()
         target_value[boot_ok] += (discount ** n[boot_ok]) * values
     value_mask = in_data | terminal[:, None]
     step_in_data = (i[:, :k_steps] < m)
     reward_mask = step_in_data | terminal[:, None]
     return TrainBatch(
-        obs=stack_frames(np.stack(frames), frame_ndim=frame_ndim),
+        obs=np.ascontiguousarray(all_frames[:, :n_obs]),
         actions=actions,
         target_value=target_value.astype(np.float32),
         target_reward=(rewards[:, :k_steps] * step_in_data).astype(np.float32),
