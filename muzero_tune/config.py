@@ -257,6 +257,7 @@ class ExperimentConfig:
     max_env_step: int = param(100_000, "stop after this many env steps", ge=1)
     max_train_iter: int = param(1_000_000, "stop after this many train steps", ge=1)
     stop_value: float | None = param(195.0, "stop when eval reward_mean reaches this (None: never)")
+    max_wall_s: float | None = param(None, "stop after this many seconds of run wall time (None: no limit)", gt=0.0)
     env: EnvConfig = param(default_factory=EnvConfig, doc="environment")
     model: ModelConfig = param(default_factory=ModelConfig, doc="network")
     mcts: MctsConfig = param(default_factory=MctsConfig, doc="tree search")

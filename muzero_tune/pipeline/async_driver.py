@@ -386,6 +386,8 @@ class AsyncDriver:
             return "stop_value"
         if core.train_iter >= self.cfg.max_train_iter:
             return "max_train_iter"
+        if core.out_of_time():
+            return "max_wall_s"
         if core.counters.env_steps >= self.cfg.max_env_step and not self.collects:
             if not self.budgets or not core.trainable():
                 return "max_env_step"
@@ -417,7 +419,7 @@ class AsyncDriver:
         deadline = time.monotonic() + self.ap.eval_timeout_s
         while self.evals and time.monotonic() < deadline:
             self.process_completed(self.ap.poll_interval_s)
-        if reason != "stop_value" and self.core.counters.last_eval_iter != self.core.train_iter:
+        if reason not in ("stop_value", "max_wall_s") and self.core.counters.last_eval_iter != self.core.train_iter:
             self.last_eval_launch = None
             self._maybe_launch_eval(force=True)
             while self.evals and time.monotonic() < deadline:

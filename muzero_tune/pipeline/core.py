@@ -57,6 +57,7 @@ class RunSummary:
     train_iter: int
     evals: list[dict] = field(default_factory=list)
     wall_s: float = 0.0
+    timings: dict[str, float] = field(default_factory=dict)  # seconds spent per phase (sync: collect, train, eval)
 
 
 def setup_torch_threads() -> None:
@@ -215,6 +216,9 @@ class DriverCore:
                      "metrics": {k: v for k, v in metrics.items() if isinstance(v, (int, float, str))}}
         self.reporter.on_eval(metrics, evaluated, self.resume_state)
         return metrics
+
+    def out_of_time(self) -> bool:
+        return self.cfg.max_wall_s is not None and self.wall_s() >= self.cfg.max_wall_s
 
     def reached_stop_value(self, reward_mean: float) -> bool:
         return self.cfg.stop_value is not None and reward_mean >= self.cfg.stop_value

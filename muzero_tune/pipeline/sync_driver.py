@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import os
+import time
 
 from muzero_tune.config import ExperimentConfig, validate
 from muzero_tune.pipeline.checkpoint import load_checkpoint
@@ -50,21 +51,24 @@ def train_muzero_segment(
     eval_model = copy.deepcopy(core.learner.model)
     evals: list[dict] = []
     stop_reason = "max_env_step"
+    timings = {"collect_s": 0.0, "train_s": 0.0, "eval_s": 0.0}
 
     def evaluate() -> bool:
         """Evaluate an immutable snapshot of the current weights; True when stop_value is reached."""
+        t0 = time.perf_counter()
         weights = core.learner.weights_snapshot()
         eval_model.load_state_dict(weights)
         core.policy.on_weights_loaded(eval_model)
         result = evaluator.evaluate(eval_model, policy_version=core.train_iter)
         evals.append(core.record_eval(result, weights, train_iter_at_launch=core.train_iter,
                                       extra={"pipeline": "sync"}))
+        timings["eval_s"] += time.perf_counter() - t0
         return core.reached_stop_value(result.reward_mean)
 
     try:
         if cfg.policy.async_pipeline.eval_at_start and core.counters.eval_index == 0 and evaluate():
             stop_reason = "stop_value"
-            return RunSummary(stop_reason, core.counters.env_steps, core.train_iter, evals, core.wall_s())
+            return RunSummary(stop_reason, core.counters.env_steps, core.train_iter, evals, core.wall_s(), timings)
         while True:
             if core.counters.env_steps >= cfg.max_env_step:
                 stop_reason = "max_env_step"
@@ -72,9 +76,15 @@ def train_muzero_segment(
             if core.train_iter >= cfg.max_train_iter:
                 stop_reason = "max_train_iter"
                 break
+            if core.out_of_time():
+                stop_reason = "max_wall_s"
+                break
+            t0 = time.perf_counter()
             result = collector.collect(core.learner.model, temperature=visit_temperature(cfg, core.train_iter),
                                        policy_version=core.train_iter)
             budget = core.push_collect(result)
+            t1 = time.perf_counter()
+            timings["collect_s"] += t1 - t0
             plan = core.reanalyze_plan(budget)
             if core.trainable():
                 if plan.at_epoch(core.counters.train_epoch):
@@ -86,18 +96,19 @@ def train_muzero_segment(
                     if core.train_iter >= cfg.max_train_iter:
                         break
                 core.budget_done()
+            timings["train_s"] += time.perf_counter() - t1
             core.progress({"pipeline": "sync"})
             if core.should_eval() and evaluate():
                 stop_reason = "stop_value"
                 break
-        if core.counters.last_eval_iter != core.train_iter and stop_reason != "stop_value":
+        if core.counters.last_eval_iter != core.train_iter and stop_reason not in ("stop_value", "max_wall_s"):
             if evaluate():
                 stop_reason = "stop_value"
     finally:
         collector.close()
         evaluator.close()
         reporter.close()
-    return RunSummary(stop_reason, core.counters.env_steps, core.train_iter, evals, core.wall_s())
+    return RunSummary(stop_reason, core.counters.env_steps, core.train_iter, evals, core.wall_s(), timings)
 
 
 def train(cfg: ExperimentConfig, *, reporter: Reporter | None = None, resume_from: str | dict | None = None

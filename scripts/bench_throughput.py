@@ -1,0 +1,95 @@
+"""Sync vs async throughput, back to back in one run: same config, same replay ratio, same wall budget.
+
+Prints each pipeline's env steps/s and train steps/s, the async/sync ratio, and the ideal overlap bound
+from the sync run's measured collect and train times, (collect + train) / max(collect, train) per env
+step: what perfect overlap of collection with learning could give.
+
+    python scripts/bench_throughput.py                          # CartPole, 1 and 2 collectors, 60 s each
+    python scripts/bench_throughput.py --wall-s 120 --collectors 1 2 --set mcts.num_simulations=50
+    python scripts/bench_throughput.py --preset pong_muzero --set learn.batch_size=32 ...   # Pong (issue 5)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from muzero_tune.config import make_config, parse_set_args
+from muzero_tune.pipeline.reporter import MemoryReporter
+
+
+def run(preset: str, overrides: dict, *, async_collectors: int | None, wall_s: float, out_dir: str) -> dict:
+    from muzero_tune.pipeline.async_driver import train_muzero_segment_async
+    from muzero_tune.pipeline.sync_driver import train_muzero_segment
+
+    common = {
+        "stop_value": None, "max_env_step": 10**9, "max_wall_s": wall_s, "eval.eval_freq": 10**9,
+        "logging.quiet": True, "logging.output_dir": out_dir,
+        "exp_name": f"bench_{'sync' if async_collectors is None else f'async{async_collectors}'}",
+    }
+    if async_collectors is not None:
+        common.update({"policy.async_pipeline.enabled": True,
+                       "policy.async_pipeline.num_collector_actors": async_collectors})
+    cfg = make_config(preset, overrides={**overrides, **common})
+    out: list = []
+    if async_collectors is None:
+        s = train_muzero_segment(cfg, reporter=MemoryReporter())
+    else:
+        s = train_muzero_segment_async(cfg, reporter=MemoryReporter(), driver_out=out)
+    row = {
+        "pipeline": "sync" if async_collectors is None else f"async x{async_collectors}",
+        "env_steps": s.env_steps, "train_iter": s.train_iter, "wall_s": s.wall_s,
+        "envstep_per_s": s.env_steps / s.wall_s, "train_per_s": s.train_iter / s.wall_s,
+        "train_per_envstep": s.train_iter / max(1, s.env_steps), "timings": s.timings,
+    }
+    if out:
+        m = out[0].pipeline_metrics()
+        row.update({"learner_idle": m["pipeline/learner_idle_frac"], "collector_idle": m["pipeline/collector_idle_frac"],
+                    "lag_mean": m["policy_lag_mean"]})
+    return row
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", default="cartpole_muzero")
+    p.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
+    p.add_argument("--wall-s", type=float, default=60.0, help="wall budget per pipeline run")
+    p.add_argument("--collectors", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--out-dir", default="/tmp/muzero_tune_bench")
+    args = p.parse_args(argv)
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    overrides = parse_set_args(args.overrides)
+
+    rows = [run(args.preset, overrides, async_collectors=None, wall_s=args.wall_s, out_dir=args.out_dir)]
+    import ray
+
+    ray.init(num_cpus=max(4, 2 + max(args.collectors)), include_dashboard=False, log_to_driver=False)
+    try:
+        for n in args.collectors:
+            rows.append(run(args.preset, overrides, async_collectors=n, wall_s=args.wall_s, out_dir=args.out_dir))
+    finally:
+        ray.shutdown()
+
+    sync = rows[0]
+    t = sync["timings"]
+    c_per_step = t["collect_s"] / max(1, sync["env_steps"])
+    l_per_step = t["train_s"] / max(1, sync["env_steps"])
+    bound = (c_per_step + l_per_step) / max(c_per_step, l_per_step)
+    print(f"\npreset={args.preset} overrides={overrides} wall budget {args.wall_s:g} s per run, {os.cpu_count()} cores")
+    print(f"sync per env step: collect {1e3 * c_per_step:.2f} ms, train {1e3 * l_per_step:.2f} ms "
+          f"-> ideal overlap bound {bound:.2f}x")
+    print(f"{'pipeline':>10} {'env_steps':>9} {'envstep/s':>9} {'train/s':>8} {'train/envstep':>13} "
+          f"{'ratio':>6} {'of bound':>8} {'learner idle':>12} {'collector idle':>14} {'lag':>6}")
+    for r in rows:
+        ratio = r["envstep_per_s"] / sync["envstep_per_s"]
+        print(f"{r['pipeline']:>10} {r['env_steps']:>9d} {r['envstep_per_s']:>9.1f} {r['train_per_s']:>8.1f} "
+              f"{r['train_per_envstep']:>13.3f} {ratio:>6.2f} {ratio / bound:>8.0%} "
+              f"{r.get('learner_idle', float('nan')):>12.2f} {r.get('collector_idle', float('nan')):>14.2f} "
+              f"{r.get('lag_mean', float('nan')):>6.1f}")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
