@@ -181,6 +181,9 @@ class LearnConfig:
     min_replay_transitions: int | None = param(
         None, "real transitions needed before training (None: batch_size)", ge=1
     )
+    resume_warmup_transitions: int = param(
+        1000, "after a resume without a saved buffer, fresh real transitions collected before training", ge=0
+    )
     device: str = param("cpu", "learner device: cpu, auto (cuda when present) or cuda[:N]")
     mixed_precision: bool = param(False, "bf16/fp16 autocast for the learner on CUDA")
 
@@ -240,6 +243,20 @@ class PolicyConfig:
 
 
 @dataclass(frozen=True)
+class TuneConfig:
+    """Ray Tune sweeps: storage, checkpoints, failures and MLflow (used by ``muzero-tune sweep``)."""
+
+    storage_path: str = param("runs/tune", "sweep results folder (made absolute); MLflow's sqlite store lives here")
+    save_replay_buffer: bool = param(False, "put the replay buffer in every checkpoint (large; exact resume)")
+    checkpoint_num_to_keep: int | None = param(3, "checkpoints kept per trial (best by reward_mean + latest)", ge=1)
+    max_failures: int = param(1, "trial retries from its last checkpoint after an error", ge=0)
+    max_concurrent_trials: int | None = param(None, "trials run at once (None: the search space's default)", ge=1)
+    mlflow: bool = param(True, "log every trial as an MLflow run")
+    mlflow_tracking_uri: str | None = param(None, "MLflow tracking URI (None: sqlite:///<storage_path>/mlflow.db)")
+    sync_period_s: float = param(1.0, "how often Tune syncs experiment state to storage (fresh restores)", gt=0.0)
+
+
+@dataclass(frozen=True)
 class LoggingConfig:
     """Where runs write and how often they print."""
 
@@ -266,6 +283,7 @@ class ExperimentConfig:
     learn: LearnConfig = param(default_factory=LearnConfig, doc="learner")
     eval: EvalConfig = param(default_factory=EvalConfig, doc="evaluation")
     policy: PolicyConfig = param(default_factory=PolicyConfig, doc="policy type and async pipeline")
+    tune: TuneConfig = param(default_factory=TuneConfig, doc="Ray Tune sweeps")
     logging: LoggingConfig = param(default_factory=LoggingConfig, doc="outputs")
 
 

@@ -37,15 +37,15 @@ class FaultyEnv(gym.Wrapper):
 
     def __init__(self, env: gym.Env, spec: FaultSpec):
         super().__init__(env)
-        self.spec = spec
+        self.fault = spec  # not ``self.spec``: gym.Wrapper.spec is a read-only property (the env's EnvSpec)
         self.steps = 0
 
     def step(self, action):
         self.steps += 1
-        if self.spec.start_step <= self.steps <= self.spec.end_step:
-            if self.spec.mode == "exit":
+        if self.fault.start_step <= self.steps <= self.fault.end_step:
+            if self.fault.mode == "exit":
                 os._exit(17)
-            if self.spec.mode == "hang":
+            if self.fault.mode == "hang":
                 time.sleep(3600)
             raise InjectedFault(f"injected fault at env step {self.steps}")
         return self.env.step(action)

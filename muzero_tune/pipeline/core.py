@@ -225,7 +225,10 @@ class DriverCore:
 
     # ------------------------------------------------------------------ resume
 
-    def resume_state(self, *, include_buffer: bool = False) -> dict:
+    def resume_state(self, *, include_buffer: bool | None = None) -> dict:
+        """Everything to continue exactly; the replay buffer when ``tune.save_replay_buffer`` (or asked)."""
+        if include_buffer is None:
+            include_buffer = self.cfg.tune.save_replay_buffer
         self.counters.wall_s = self.wall_s()
         state = {
             "learner": self.learner.state_dict(),
@@ -245,3 +248,10 @@ class DriverCore:
         self.t_start = time.monotonic()
         if "buffer" in state:
             self.buffer.load_state_dict(to_numpy_tree(state["buffer"]))
+        # Without the buffer, training waits for fresh data so the first updates do not overfit a handful
+        # of transitions (the reward collapse after resume reported for the reference system).
+        self.min_transitions = schedule.resume_min_transitions(
+            batch_size=self.cfg.learn.batch_size, configured=self.cfg.learn.min_replay_transitions,
+            resumed_without_buffer="buffer" not in state,
+            warmup_transitions=self.cfg.learn.resume_warmup_transitions,
+        )

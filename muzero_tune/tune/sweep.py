@@ -1,0 +1,211 @@
+"""Sweeps: a named search space over a preset, run with Ray Tune; resume a killed sweep; all checks first.
+
+Before any trial starts: the space name, every ``param_space`` key (it must be a config field) and every
+value a grid or choice can take are validated, and a trial's placement group is checked to fit the
+cluster. Runs are configured for fresh restores (state synced every ``tune.sync_period_s``) and write a
+``muzero_tune_sweep.json`` beside Tune's state so ``muzero-tune resume PATH`` can rebuild the trainable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from muzero_tune.config import (
+    ConfigError,
+    ExperimentConfig,
+    apply_overrides,
+    from_flat_dict,
+    leaf_keys,
+    make_config,
+    to_flat_dict,
+    validate,
+)
+from muzero_tune.tune.resources import trial_resources
+
+SWEEP_FILE = "muzero_tune_sweep.json"
+
+
+def _domain_values(value: Any) -> list[Any]:
+    """Representative values of a param_space entry: every grid/choice value, or a range's ends."""
+    if isinstance(value, dict) and "grid_search" in value:
+        return list(value["grid_search"])
+    cats = getattr(value, "categories", None)
+    if cats is not None:
+        return list(cats)
+    lower, upper = getattr(value, "lower", None), getattr(value, "upper", None)
+    if lower is not None and upper is not None:
+        from ray.tune.search.sample import Integer
+
+        return [lower, upper - 1] if isinstance(value, Integer) else [lower, upper]
+    return [value]
+
+
+def validate_param_space(cfg: ExperimentConfig, param_space: dict[str, Any]) -> None:
+    """Every key must be a config field and every value it can take must validate (before trials start)."""
+    keys = set(leaf_keys())
+    for key, value in param_space.items():
+        if key not in keys:
+            apply_overrides(cfg, {key: None})  # raises the unknown-key ConfigError with suggestions
+        for v in _domain_values(value):
+            validate(apply_overrides(cfg, {key: v}), check_env=False)
+
+
+def check_fits_cluster(cfg: ExperimentConfig, param_space: dict[str, Any]) -> None:
+    """A trial's placement group must fit the cluster, or Tune would wait forever."""
+    import ray
+
+    have = ray.cluster_resources()
+    variants = [cfg]
+    for key, value in param_space.items():
+        variants += [apply_overrides(cfg, {key: v}) for v in _domain_values(value)]
+    for v in variants:
+        need = trial_resources(v)
+        for res, amount in need.items():
+            if amount > have.get(res, 0.0) + 1e-9:
+                raise ConfigError(
+                    "placement", need,
+                    f"a trial needs {amount:g} {res} but the Ray cluster has {have.get(res, 0.0):g}: reduce "
+                    f"policy.async_pipeline.num_collector_actors / num_evaluator_actors / *_num_cpus / "
+                    f"*_num_gpus or learn.device, or start Ray with more resources",
+                )
+
+
+@dataclass
+class SweepResult:
+    experiment_path: str
+    results: Any  # ray.tune.ResultGrid
+    tracking_uri: str | None
+    experiment_name: str
+
+
+def _tune_configs(cfg: ExperimentConfig, space, *, samples: int | None, scheduler: str | None,
+                  max_concurrent: int | None, seed: int):
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler
+    from ray.tune.search import ConcurrencyLimiter
+
+    concurrency = max_concurrent or cfg.tune.max_concurrent_trials or space.max_concurrent
+    use_asha = space.asha if scheduler is None else scheduler == "asha"
+    search_alg = None
+    if space.search_alg is not None:
+        search_alg = ConcurrencyLimiter(space.search_alg(seed), max_concurrent=concurrency)
+    sched = None
+    if use_asha:
+        sched = ASHAScheduler(time_attr="training_iteration", max_t=space.asha_max_t,
+                              grace_period=space.asha_grace_period, reduction_factor=2)
+    return tune.TuneConfig(
+        metric="reward_mean", mode="max", num_samples=samples or space.num_samples,
+        search_alg=search_alg, scheduler=sched,
+        max_concurrent_trials=None if search_alg is not None else concurrency,
+    )
+
+
+def _run_config(cfg: ExperimentConfig, name: str, storage: str):
+    from ray import tune
+
+    return tune.RunConfig(
+        name=name,
+        storage_path=storage,
+        checkpoint_config=tune.CheckpointConfig(
+            num_to_keep=cfg.tune.checkpoint_num_to_keep,
+            checkpoint_score_attribute="reward_mean", checkpoint_score_order="max",
+        ),
+        failure_config=tune.FailureConfig(max_failures=cfg.tune.max_failures),
+        sync_config=tune.SyncConfig(sync_period=cfg.tune.sync_period_s),
+        verbose=1,
+    )
+
+
+def init_ray_for(cfg: ExperimentConfig, concurrency: int, num_cpus: int | None = None) -> None:
+    import ray
+
+    if ray.is_initialized():
+        return
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    async_cfg = apply_overrides(cfg, {"policy.async_pipeline.enabled": True})
+    per_trial = trial_resources(async_cfg).get("CPU", 1.0)
+    ray.init(num_cpus=num_cpus or max(os.cpu_count() or 1, int(per_trial * concurrency + 0.999)),
+             include_dashboard=False, ignore_reinit_error=True)
+
+
+def run_sweep(
+    space_name: str,
+    *,
+    preset: str = "cartpole_muzero",
+    overrides: dict[str, Any] | None = None,
+    samples: int | None = None,
+    scheduler: str | None = None,
+    max_concurrent: int | None = None,
+    name: str | None = None,
+    num_cpus: int | None = None,
+    param_space_extra: dict[str, Any] | None = None,
+) -> SweepResult:
+    """Run a named sweep over a preset; everything is validated before Ray starts trials."""
+    from search_spaces import get_space
+
+    space = get_space(space_name)
+    cfg = make_config(preset, overrides={**space.base_overrides, **(overrides or {})})
+    param_space = {**space.param_space(), **(param_space_extra or {})}
+    validate_param_space(cfg, param_space)
+    if scheduler not in (None, "asha", "none"):
+        raise ConfigError("--scheduler", scheduler, "allowed: asha, none")
+    name = name or f"{space_name}_{preset}"
+    storage = os.path.abspath(cfg.tune.storage_path)
+    os.makedirs(storage, exist_ok=True)
+    concurrency = max_concurrent or cfg.tune.max_concurrent_trials or space.max_concurrent
+    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "1")  # with sync_period: restores pick the newest state
+    init_ray_for(cfg, concurrency, num_cpus)
+    check_fits_cluster(cfg, param_space)
+
+    from ray import tune
+
+    from muzero_tune.tune.mlflow_log import default_tracking_uri, ensure_experiment
+    from muzero_tune.tune.trainable import make_trainable
+
+    tracking_uri = None
+    if cfg.tune.mlflow:
+        tracking_uri = cfg.tune.mlflow_tracking_uri or default_tracking_uri(storage)
+        ensure_experiment(tracking_uri, name, os.path.join(storage, "mlartifacts"))
+    trainable = make_trainable(cfg, sweep_name=name, experiment_name=name,
+                               mlflow_uri=tracking_uri)
+    exp_path = os.path.join(storage, name)
+    os.makedirs(exp_path, exist_ok=True)
+    with open(os.path.join(exp_path, SWEEP_FILE), "w") as f:
+        json.dump({"space": space_name, "preset": preset, "name": name, "config": to_flat_dict(cfg),
+                   "tracking_uri": tracking_uri, "concurrency": concurrency}, f, indent=1)
+    tuner = tune.Tuner(
+        trainable,
+        param_space=param_space,
+        tune_config=_tune_configs(cfg, space, samples=samples, scheduler=scheduler,
+                                  max_concurrent=max_concurrent, seed=cfg.seed),
+        run_config=_run_config(cfg, name, storage),
+    )
+    results = tuner.fit()
+    return SweepResult(exp_path, results, tracking_uri, name)
+
+
+def resume_sweep(path: str, *, num_cpus: int | None = None) -> SweepResult:
+    """Continue a killed or interrupted sweep: unfinished trials resume from their newest checkpoints."""
+    from ray import tune
+
+    from muzero_tune.tune.trainable import make_trainable
+
+    path = os.path.abspath(path)
+    meta_file = os.path.join(path, SWEEP_FILE)
+    if not os.path.exists(meta_file):
+        raise ConfigError("PATH", path, f"not a muzero-tune sweep folder (no {SWEEP_FILE})")
+    with open(meta_file) as f:
+        meta = json.load(f)
+    cfg = from_flat_dict(meta["config"])
+    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "1")
+    init_ray_for(cfg, int(meta.get("concurrency", 2)), num_cpus)
+    if not tune.Tuner.can_restore(path):
+        raise ConfigError("PATH", path, "Tune cannot restore this folder (no experiment state)")
+    trainable = make_trainable(cfg, sweep_name=meta["name"], experiment_name=meta["name"],
+                               mlflow_uri=meta["tracking_uri"])
+    tuner = tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True, resume_errored=True)
+    return SweepResult(path, tuner.fit(), meta["tracking_uri"], meta["name"])

@@ -1,0 +1,144 @@
+"""The Ray Tune function trainable: the sync or async driver, reporting through Tune.
+
+``make_trainable(cfg)`` returns the function wrapped in ``tune.with_resources`` with a
+``PlacementGroupFactory`` (bundle 0: driver + learner; one bundle per collector and evaluator actor for an
+async trial). Each trial applies its ``param_space`` values to ``cfg`` by dotted path (the same
+``apply_overrides`` as the CLI), resumes from ``tune.get_checkpoint()`` when there is one, and runs the
+same driver code as a standalone run with a :class:`TuneReporter`: every evaluation calls
+``tune.report`` with the metrics and a checkpoint holding the exact evaluated snapshot plus the full resume
+state, and logs the metrics to the trial's MLflow run.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import Callable
+
+from muzero_tune.config import ExperimentConfig, apply_overrides, from_flat_dict, to_flat_dict, validate
+from muzero_tune.pipeline.checkpoint import FORMAT, load_checkpoint, save_checkpoint
+from muzero_tune.tune.resources import placement_group_factory
+
+CHECKPOINT_FILE = "checkpoint.pt"
+REPORT_KEYS = (
+    "reward_mean", "reward_std", "reward_best", "envstep", "envstep_per_s", "train_iter", "train_iter_per_s",
+    "policy_lag_mean", "policy_lag_max", "wall_s", "eval_index", "policy_version", "pipeline",
+)
+
+
+class TuneReporter:
+    """Reports each evaluation to Tune (metrics + checkpoint) and to the trial's MLflow run."""
+
+    def __init__(self, cfg: ExperimentConfig, *, mlflow_run=None):
+        self.cfg = cfg
+        self.flat_config = to_flat_dict(cfg)
+        self.mlflow_run = mlflow_run
+        self.checkpoint_write_s: list[float] = []
+        self.checkpoint_bytes: list[int] = []
+
+    def on_progress(self, metrics: dict) -> None:
+        pass  # Tune sees one report per evaluation
+
+    def on_eval(self, metrics: dict, evaluated: dict, resume_state: Callable[[], dict]) -> None:
+        from ray import tune
+
+        report = {k: v for k, v in metrics.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)}
+        with tempfile.TemporaryDirectory(prefix="muzero_tune_ckpt_") as d:
+            t0 = time.perf_counter()
+            size = save_checkpoint(os.path.join(d, CHECKPOINT_FILE), {
+                "format": FORMAT, "config": self.flat_config, "evaluated": evaluated, "resume": resume_state(),
+            })
+            self.checkpoint_write_s.append(time.perf_counter() - t0)
+            self.checkpoint_bytes.append(size)
+            report["checkpoint_bytes"] = size
+            report["checkpoint_write_s"] = self.checkpoint_write_s[-1]
+            if self.mlflow_run is not None:
+                self.mlflow_run.log_metrics(report, step=int(metrics["eval_index"]))
+            tune.report(report, checkpoint=tune.Checkpoint.from_directory(d))
+
+    def close(self) -> None:
+        pass
+
+
+def trial_tags(cfg: ExperimentConfig, sweep_name: str) -> dict[str, str]:
+    return {
+        "pipeline": "async" if cfg.policy.async_pipeline.enabled else "sync",
+        "policy_type": cfg.policy.type,
+        "env_id": cfg.env.env_id,
+        "seed": str(cfg.seed),
+        "sweep": sweep_name,
+    }
+
+
+def run_trial(config: dict, *, base_flat: dict, sweep_name: str, mlflow_uri: str | None, experiment_name: str,
+              artifact_root: str) -> None:
+    """The trial body (module-level so Ray can pickle the trainable by reference)."""
+    from ray import tune
+
+    from muzero_tune.pipeline.sync_driver import train
+
+    cfg = validate(apply_overrides(from_flat_dict(base_flat), config))
+    ctx = tune.get_context()
+    mlflow_run = None
+    if mlflow_uri is not None:
+        from muzero_tune.tune.mlflow_log import TrialRun
+
+        mlflow_run = TrialRun(
+            tracking_uri=mlflow_uri, experiment_name=experiment_name, artifact_root=artifact_root,
+            trial_id=ctx.get_trial_id(), run_name=ctx.get_trial_name(), params=to_flat_dict(cfg),
+            tags={**trial_tags(cfg, sweep_name), "trial_name": ctx.get_trial_name()},
+        )
+    resume = None
+    ckpt = tune.get_checkpoint()
+    if ckpt is not None:
+        with ckpt.as_directory() as d:
+            resume = load_checkpoint(os.path.join(d, CHECKPOINT_FILE))
+    status = "FAILED"
+    try:
+        train(cfg, reporter=TuneReporter(cfg, mlflow_run=mlflow_run), resume_from=resume)
+        status = "FINISHED"
+    finally:
+        if mlflow_run is not None:
+            mlflow_run.finish(status)
+
+
+def make_trainable(
+    cfg: ExperimentConfig,
+    *,
+    sweep_name: str = "sweep",
+    experiment_name: str | None = None,
+    mlflow_uri: str | None = "default",
+):
+    """The Tune function trainable for ``cfg`` (per-trial ``param_space`` values override it).
+
+    Resources are computed per trial from its own config (a sync trial needs one bundle, an async one
+    1 + collectors + evaluators). ``mlflow_uri``: "default" = sqlite in ``tune.storage_path``; None = off.
+    """
+    from functools import partial
+
+    from ray import tune
+
+    from muzero_tune.tune.mlflow_log import default_tracking_uri
+
+    storage = os.path.abspath(cfg.tune.storage_path)
+    if mlflow_uri == "default":
+        mlflow_uri = (cfg.tune.mlflow_tracking_uri or default_tracking_uri(storage)) if cfg.tune.mlflow else None
+    base_flat = to_flat_dict(cfg)
+    fn = partial(run_trial, base_flat=base_flat, sweep_name=sweep_name, mlflow_uri=mlflow_uri,
+                 experiment_name=experiment_name or sweep_name, artifact_root=os.path.join(storage, "mlartifacts"))
+
+    def resources(trial_config: dict):
+        return placement_group_factory(apply_overrides(cfg, trial_config or {}))
+
+    return tune.with_resources(_named(fn, "muzero_tune_trainable"), resources)
+
+
+def _named(fn, name: str):
+    """A plain function wrapper (Tune names trials after the trainable's ``__name__``)."""
+
+    def trainable(config: dict) -> None:
+        fn(config)
+
+    trainable.__name__ = name
+    return trainable
