@@ -1,0 +1,130 @@
+"""Compare runs from MLflow: reward_mean against wall-clock and env steps, env steps/s per pipeline.
+
+Reads runs back through ``MlflowClient`` (any tracking URI), draws PNG plots with matplotlib (Agg), and logs
+them as artifacts of a ``compare`` run in the same experiment, so the dashboard shows them beside the runs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RunSeries:
+    run_id: str
+    name: str
+    tags: dict[str, str]
+    series: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # metric -> [(step, value)]
+
+    def values(self, key: str) -> list[float]:
+        return [v for _, v in sorted(self.series.get(key, []))]
+
+
+def read_runs(tracking_uri: str, experiment: str, *, keys=("reward_mean", "wall_s", "envstep", "envstep_per_s")
+              ) -> list[RunSeries]:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        names = [e.name for e in client.search_experiments()]
+        raise ValueError(f"no MLflow experiment {experiment!r} at {tracking_uri}; experiments: {names}")
+    out = []
+    for run in client.search_runs([exp.experiment_id]):
+        if run.data.tags.get("muzero_tune.kind") == "compare":
+            continue
+        rs = RunSeries(run.info.run_id, run.info.run_name or run.info.run_id, dict(run.data.tags))
+        for k in keys:
+            rs.series[k] = [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, k)]
+        out.append(rs)
+    return out
+
+
+def plot_runs(runs: list[RunSeries], out_dir: str) -> list[str]:
+    """Write reward_vs_wall.png, reward_vs_envstep.png, envstep_per_s.png; return their paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    os.makedirs(out_dir, exist_ok=True)
+    colors = {"sync": "tab:blue", "async": "tab:orange"}
+    paths = []
+    for x_key, fname, xlabel in (("wall_s", "reward_vs_wall.png", "wall-clock (s)"),
+                                 ("envstep", "reward_vs_envstep.png", "env steps")):
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for r in runs:
+            xs, ys = r.values(x_key), r.values("reward_mean")
+            n = min(len(xs), len(ys))
+            pipe = r.tags.get("pipeline", "?")
+            ax.plot(xs[:n], ys[:n], marker="o", ms=3, color=colors.get(pipe), alpha=0.8,
+                    label=f"{pipe} seed={r.tags.get('seed', '?')} {r.name[-12:]}")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("eval reward_mean")
+        ax.set_title(f"reward_mean vs {xlabel}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        p = os.path.join(out_dir, fname)
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        paths.append(p)
+
+    by_pipe: dict[str, list[float]] = defaultdict(list)
+    for r in runs:
+        vals = r.values("envstep_per_s")
+        if vals:
+            by_pipe[r.tags.get("pipeline", "?")].append(vals[-1])
+    fig, ax = plt.subplots(figsize=(5, 4))
+    names = sorted(by_pipe)
+    means = [sum(by_pipe[n]) / len(by_pipe[n]) for n in names]
+    ax.bar(names, means, color=[colors.get(n, "gray") for n in names])
+    for i, n in enumerate(names):
+        ax.scatter([i] * len(by_pipe[n]), by_pipe[n], color="black", s=12, zorder=3)
+    ax.set_ylabel("env steps / s (final report)")
+    ax.set_title("throughput per pipeline")
+    fig.tight_layout()
+    p = os.path.join(out_dir, "envstep_per_s.png")
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    paths.append(p)
+    return paths
+
+
+def summarize(runs: list[RunSeries]) -> dict[str, dict[str, float]]:
+    """Per pipeline: runs, mean final env steps/s, mean best reward."""
+    agg: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in runs:
+        pipe = r.tags.get("pipeline", "?")
+        if r.values("envstep_per_s"):
+            agg[pipe]["envstep_per_s"].append(r.values("envstep_per_s")[-1])
+        if r.values("reward_mean"):
+            agg[pipe]["reward_best"].append(max(r.values("reward_mean")))
+    return {p: {"runs": float(len(d["reward_best"])), **{k: sum(v) / len(v) for k, v in d.items() if v}}
+            for p, d in agg.items()}
+
+
+def compare(tracking_uri: str, experiment: str, out_dir: str, *, log_artifacts: bool = True) -> dict:
+    """Read, plot, log the plots to a ``compare`` run; returns {"plots", "summary", "run_id"}."""
+    runs = read_runs(tracking_uri, experiment)
+    if not runs:
+        raise ValueError(f"experiment {experiment!r} has no runs to compare")
+    paths = plot_runs(runs, out_dir)
+    summary = summarize(runs)
+    run_id = None
+    if log_artifacts:
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_uri)
+        exp = client.get_experiment_by_name(experiment)
+        run = client.create_run(exp.experiment_id, run_name="compare", tags={"muzero_tune.kind": "compare"})
+        run_id = run.info.run_id
+        for p in paths:
+            client.log_artifact(run_id, p, artifact_path="plots")
+        for pipe, s in summary.items():
+            for k, v in s.items():
+                client.log_metric(run_id, f"{pipe}/{k}", v)
+        client.set_terminated(run_id)
+    return {"plots": paths, "summary": summary, "run_id": run_id}
