@@ -1,1 +1,41 @@
-"""muzero_tune: MuZero-family training with sync and async segment pipelines."""
+"""muzero_tune: MuZero-family training with sync and async segment pipelines, Ray Tune sweeps and MLflow.
+
+The public surface: configs (``make_config``, ``apply_overrides``), the two drivers, checkpoint loading and
+the Tune trainable. Everything else is machinery behind them.
+"""
+
+from muzero_tune.config import ConfigError, ExperimentConfig, apply_overrides, make_config, validate
+
+__all__ = [
+    "ConfigError",
+    "ExperimentConfig",
+    "apply_overrides",
+    "load_policy",
+    "make_config",
+    "make_trainable",
+    "train",
+    "train_muzero_segment",
+    "train_muzero_segment_async",
+    "validate",
+]
+
+
+def __getattr__(name: str):
+    # heavy modules (torch, Ray) load on first use, so `import muzero_tune` and the CLI's --help stay fast
+    if name in ("train", "train_muzero_segment"):
+        from muzero_tune.pipeline import sync_driver
+
+        return getattr(sync_driver, name)
+    if name == "train_muzero_segment_async":
+        from muzero_tune.pipeline.async_driver import train_muzero_segment_async
+
+        return train_muzero_segment_async
+    if name == "load_policy":
+        from muzero_tune.pipeline.checkpoint import load_policy
+
+        return load_policy
+    if name == "make_trainable":
+        from muzero_tune.tune.trainable import make_trainable
+
+        return make_trainable
+    raise AttributeError(name)

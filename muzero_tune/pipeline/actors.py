@@ -56,8 +56,9 @@ class _Worker:
         """Liveness check; also tells where the actor runs (tests check the placement)."""
         import ray
 
-        ctx = ray.get_runtime_context()
-        return {"pid": os.getpid(), "placement_group_id": ctx.get_placement_group_id(),
+        # local mode runs without Ray; get_runtime_context() would start a Ray instance
+        pg_id = ray.get_runtime_context().get_placement_group_id() if ray.is_initialized() else None
+        return {"pid": os.getpid(), "placement_group_id": pg_id,
                 "actor_id": self.actor_id, "incarnation": self.incarnation}
 
     def _load(self, snapshot: WeightsSnapshot) -> None:
@@ -65,7 +66,9 @@ class _Worker:
             return
         import ray
 
-        weights = ray.get(snapshot.ref)
+        from muzero_tune.pipeline.placement import LocalRef
+
+        weights = snapshot.ref.value if isinstance(snapshot.ref, LocalRef) else ray.get(snapshot.ref)
         dev = next(self.model.parameters()).device
         # the object store's arrays are read-only: copy them into the model's own tensors
         self.model.load_state_dict({k: torch.tensor(v, device=dev) for k, v in weights.items()})

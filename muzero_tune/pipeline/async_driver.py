@@ -34,9 +34,11 @@ from muzero_tune.pipeline.core import DriverCore, RunSummary, setup_torch_thread
 from muzero_tune.pipeline.messages import CollectResult, EvalResult, WeightsSnapshot, weights_digest
 from muzero_tune.pipeline.placement import (
     ActorPlacement,
+    LocalRay,
     current_placement,
     describe_shortfall,
     ensure_ray,
+    local_placement,
     standalone_placement,
 )
 from muzero_tune.pipeline.reporter import Reporter
@@ -107,9 +109,9 @@ class AsyncDriver:
                  fault: FaultSpec | None = None):
         import ray
 
-        self.ray = ray
         self.cfg = cfg
         self.ap = resolved_async(cfg.policy.async_pipeline)
+        self.ray = LocalRay() if self.ap.ray_local_mode else ray
         self.core = DriverCore(cfg, reporter)
         self.fault = fault
         self.stats = AsyncStats()
@@ -128,8 +130,8 @@ class AsyncDriver:
         self._last_stats_iter = 0
         self._t0 = time.monotonic()
         self._remote = {
-            "collector": ray.remote(CollectorWorker),
-            "evaluator": ray.remote(EvaluatorWorker),
+            "collector": self.ray.remote(CollectorWorker),
+            "evaluator": self.ray.remote(EvaluatorWorker),
         }
         self.collectors = [
             _Slot("collector", i, 0) for i in range(self.ap.num_collector_actors)
@@ -193,6 +195,15 @@ class AsyncDriver:
             st.evaluator_restarts += 1
         time.sleep(self.ap.actor_restart_delay_s)
         self._spawn(slot)  # it gets the current snapshot with its next launch
+        # wait until it is up, as start_actors does: a launch's timeout must not count the actor's start-up
+        ping = slot.handle.ping.remote()
+        ready, _ = self.ray.wait([ping], timeout=self.ap.actor_start_timeout_s)
+        if not ready:
+            raise ActorFailureError(
+                f"{slot.kind} actor {slot.index} was restarted ({why}) but did not start within "
+                f"{self.ap.actor_start_timeout_s:g} s (policy.async_pipeline.actor_start_timeout_s); "
+                f"its last checkpoint is intact"
+            )
 
     # ------------------------------------------------------------------ weights
 
@@ -301,6 +312,8 @@ class AsyncDriver:
         for table, limit in ((self.collects, self.ap.collect_timeout_s), (self.evals, self.ap.eval_timeout_s)):
             for ref, launch in list(table.items()):
                 if now - launch.t_launch > limit:
+                    if self.ray.wait([ref], timeout=0)[0]:  # finished meanwhile: handled next pass
+                        continue
                     table.pop(ref)
                     if launch.slot.kind == "collector":
                         self.stats.dropped_collects += 1
@@ -464,9 +477,11 @@ def train_muzero_segment_async(
 
     validate(cfg)
     setup_torch_threads()
-    ensure_ray(cfg)
+    local = cfg.policy.async_pipeline.ray_local_mode
+    if not local:
+        ensure_ray(cfg)
     reporter = reporter or default_reporter(cfg)
-    placement = current_placement(cfg)
+    placement = local_placement(cfg) if local else current_placement(cfg)
     driver = AsyncDriver(cfg, reporter, fault=fault)
     if driver_out is not None:
         driver_out.append(driver)

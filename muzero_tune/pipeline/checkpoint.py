@@ -5,7 +5,8 @@ with ``weights_only=True``:
 
 - ``format``: ``"muzero_tune.checkpoint/1"``
 - ``config``: the flat config (dotted key -> value)
-- ``evaluated``: ``{"weights", "version", "metrics"}`` -- the exact weights the evaluator used
+- ``evaluated``: ``{"weights", "version", "weights_digest", "metrics"}`` -- the exact weights the evaluator
+  used (``weights_digest``: what the evaluator actor reported for them; "" from the sync pipeline)
 - ``resume`` (optional): learner state (model, target model, optimizer, scheduler, RNG states),
   ``counters`` (env_steps, train_iter, eval_index, train_epoch), driver RNG state and, when configured,
   the replay buffer.

@@ -213,6 +213,7 @@ class DriverCore:
             **(extra or {}),
         }
         evaluated = {"weights": weights, "version": result.policy_version,
+                     "weights_digest": result.weights_digest,  # of the weights the evaluator used ("": sync)
                      "metrics": {k: v for k, v in metrics.items() if isinstance(v, (int, float, str))}}
         self.reporter.on_eval(metrics, evaluated, self.resume_state)
         return metrics

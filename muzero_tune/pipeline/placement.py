@@ -68,6 +68,8 @@ class ActorPlacement:
         return 1 + self.num_collectors + j
 
     def options(self, bundle_index: int) -> dict:
+        if self.placement_group is None:  # local mode: actors run in this process
+            return {}
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         return {
@@ -86,7 +88,10 @@ class ActorPlacement:
 
 
 def ensure_ray(cfg: ExperimentConfig) -> None:
-    """Start a local Ray instance if none is running, with enough logical CPUs for the placement group."""
+    """Start a local Ray instance if none is running, with enough logical CPUs for the placement group.
+
+    Not used with ``ray_local_mode`` (see :class:`LocalRay`): Ray 2.60's ``ray.init(local_mode=True)`` raises.
+    """
     import ray
 
     if ray.is_initialized():
@@ -97,7 +102,6 @@ def ensure_ray(cfg: ExperimentConfig) -> None:
     ray.init(
         num_cpus=max(os.cpu_count() or 1, int(need.get("CPU", 1) + 0.999)),
         include_dashboard=False,
-        local_mode=cfg.policy.async_pipeline.ray_local_mode,
         ignore_reinit_error=True,
         log_to_driver=True,
     )
@@ -151,3 +155,77 @@ def current_placement(cfg: ExperimentConfig) -> ActorPlacement | None:
         )
     ap = cfg.policy.async_pipeline
     return ActorPlacement(pg, ap.num_collector_actors, ap.num_evaluator_actors, owned=False)
+
+
+# ---------------------------------------------------------------------------------------------- local mode
+
+
+class LocalRef:
+    """Local mode: the finished result (or error) of a call, standing in for a Ray ObjectRef."""
+
+    def __init__(self, value: Any = None, error: BaseException | None = None):
+        self.value, self.error = value, error
+
+
+class _LocalMethod:
+    def __init__(self, fn):
+        self._fn = fn
+
+    def remote(self, *args, **kwargs) -> LocalRef:
+        try:
+            return LocalRef(self._fn(*args, **kwargs))
+        except Exception as e:  # like Ray: the error surfaces at get()
+            return LocalRef(error=e)
+
+
+class _LocalHandle:
+    def __init__(self, obj: Any):
+        self._obj = obj
+
+    def __getattr__(self, name: str) -> _LocalMethod:
+        return _LocalMethod(getattr(self._obj, name))
+
+
+class _LocalActorClass:
+    def __init__(self, cls: type):
+        self._cls = cls
+
+    def options(self, **_: Any) -> _LocalActorClass:
+        return self
+
+    def remote(self, *args, **kwargs) -> _LocalHandle:
+        return _LocalHandle(self._cls(*args, **kwargs))
+
+
+class LocalRay:
+    """``policy.async_pipeline.ray_local_mode``: the few ``ray`` calls the async driver makes, in-process.
+
+    Ray 2.60 removed ``ray.init(local_mode=True)``, so local mode does not start Ray at all: actors are
+    plain objects in the driver process and every call runs to completion when it is submitted (debugging).
+    """
+
+    def remote(self, cls: type) -> _LocalActorClass:
+        return _LocalActorClass(cls)
+
+    def put(self, value: Any) -> LocalRef:
+        return LocalRef(value)
+
+    def get(self, ref: Any) -> Any:
+        if isinstance(ref, list):
+            return [self.get(r) for r in ref]
+        if ref.error is not None:
+            raise ref.error
+        return ref.value
+
+    def wait(self, refs: list, *, num_returns: int = 1, timeout: float | None = None) -> tuple[list, list]:
+        refs = list(refs)
+        return refs[:num_returns], refs[num_returns:]
+
+    def kill(self, handle: Any, *, no_restart: bool = True) -> None:
+        pass
+
+
+def local_placement(cfg: ExperimentConfig) -> ActorPlacement:
+    """Local mode: no placement group (the actors live in the driver process)."""
+    ap = cfg.policy.async_pipeline
+    return ActorPlacement(None, ap.num_collector_actors, ap.num_evaluator_actors, owned=False)

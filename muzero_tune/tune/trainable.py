@@ -30,10 +30,12 @@ REPORT_KEYS = (
 class TuneReporter:
     """Reports each evaluation to Tune (metrics + checkpoint) and to the trial's MLflow run."""
 
-    def __init__(self, cfg: ExperimentConfig, *, mlflow_run=None):
+    def __init__(self, cfg: ExperimentConfig, *, mlflow_run=None, driver_out: list | None = None):
         self.cfg = cfg
         self.flat_config = to_flat_dict(cfg)
         self.mlflow_run = mlflow_run
+        self.driver_out = driver_out  # the async driver, once it exists (its actors' placement is reported)
+        self._placement_reported = False
         self.checkpoint_write_s: list[float] = []
         self.checkpoint_bytes: list[int] = []
 
@@ -44,6 +46,9 @@ class TuneReporter:
         from ray import tune
 
         report = {k: v for k, v in metrics.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)}
+        if self.driver_out and not self._placement_reported:  # first report of this (re)start
+            report.update(actor_placement(self.driver_out[0]))
+            self._placement_reported = True
         with tempfile.TemporaryDirectory(prefix="muzero_tune_ckpt_") as d:
             t0 = time.perf_counter()
             size = save_checkpoint(os.path.join(d, CHECKPOINT_FILE), {
@@ -59,6 +64,29 @@ class TuneReporter:
 
     def close(self) -> None:
         pass
+
+
+def actor_placement(driver) -> dict:
+    """Where the async driver's actors run, observed (not assumed): their placement group, as each actor
+    reports it, against the trial's; and which of the trial's bundles hold something (bundle 0: the trial)."""
+    import ray
+    from ray.util import get_current_placement_group
+
+    pg = get_current_placement_group()
+    pg_id = pg.id.hex() if pg is not None else ""
+    infos = list(getattr(driver, "actor_info", None) or [])
+    in_pg = bool(infos) and all(i["placement_group_id"] == pg_id for i in infos)
+    free = ray.available_resources()
+    in_use = [i for i, spec in enumerate(pg.bundle_specs if pg is not None else [])
+              if any(free.get(f"{r}_group_{i}_{pg_id}", 0.0) < amount - 1e-9 for r, amount in spec.items())]
+    return {
+        "placement/trial_pg_id": pg_id,
+        "placement/actors": len(infos),
+        "placement/actors_in_trial_pg": int(in_pg),
+        "placement/actor_bundles": " ".join(str(s.bundle) for s in driver.collectors + driver.evaluators),
+        "placement/bundles_in_use": " ".join(map(str, in_use)),
+        "placement/actor_pids": " ".join(str(i["pid"]) for i in infos),
+    }
 
 
 def trial_tags(cfg: ExperimentConfig, sweep_name: str) -> dict[str, str]:
@@ -95,8 +123,15 @@ def run_trial(config: dict, *, base_flat: dict, sweep_name: str, mlflow_uri: str
         with ckpt.as_directory() as d:
             resume = load_checkpoint(os.path.join(d, CHECKPOINT_FILE))
     status = "FAILED"
+    driver_out: list = []
+    reporter = TuneReporter(cfg, mlflow_run=mlflow_run, driver_out=driver_out)
     try:
-        train(cfg, reporter=TuneReporter(cfg, mlflow_run=mlflow_run), resume_from=resume)
+        if cfg.policy.async_pipeline.enabled:
+            from muzero_tune.pipeline.async_driver import train_muzero_segment_async
+
+            train_muzero_segment_async(cfg, reporter=reporter, resume_from=resume, driver_out=driver_out)
+        else:
+            train(cfg, reporter=reporter, resume_from=resume)
         status = "FINISHED"
     finally:
         if mlflow_run is not None:
