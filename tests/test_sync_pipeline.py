@@ -60,6 +60,7 @@ def test_resume_continues_counters_exactly(run):
     path = latest_checkpoint(run_dir)
     rep = MemoryReporter()
     cfg2 = make_config("cartpole_muzero", overrides={**SMALL, "max_env_step": summary.env_steps + 200,
+                                                     "learn.resume_warmup_transitions": 64,
                                                      "logging.output_dir": os.path.dirname(run_dir),
                                                      "exp_name": "t_resumed"})
     s2 = train_muzero_segment(cfg2, reporter=rep, resume_from=path)

@@ -9,6 +9,7 @@ carries the version of those weights. It never touches the replay buffer.
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable
 import gymnasium as gym
 import numpy as np
@@ -74,12 +75,14 @@ class SegmentCollector:
         make = make or env_factory(cfg)
         self.envs = [make(seed + i) for i in range(self.num_envs)]
         rc = cfg.replay
+        stream = uuid.uuid4().hex[:12]  # this collector instance: a restarted actor starts new streams
         self.builders = [
             SegmentBuilder(
                 segment_length=rc.game_segment_length,
                 pad_length=rc.num_unroll_steps + rc.td_steps,
                 frame_stack=spec.frame_stack,
                 env_id=i,
+                stream_id=f"{stream}:{i}",
             )
             for i in range(self.num_envs)
         ]

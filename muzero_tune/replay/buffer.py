@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from muzero_tune.replay.frames import FrameDeduplicator, FrameRef
 from muzero_tune.replay.segment import GameSegment
 
 
@@ -83,6 +84,8 @@ class ReplayBuffer:
         self._seg_idx = _Growable(np.int64)  # [N] global segment index
         self._pos = _Growable(np.int64)  # [N] position inside the segment
         self._priority = _Growable(np.float64)  # [N]
+        self._frames = FrameDeduplicator()  # every frame stored once; segments hold FrameRefs
+        self._seg_min_frame = _Growable(np.int64)  # [num_segments] oldest frame id each segment uses
         self.base_idx = 0  # segments evicted so far
         self.clock = 0
         self.clear_time = 0
@@ -118,8 +121,14 @@ class ReplayBuffer:
 
     @property
     def nbytes(self) -> int:
-        arrays = 3 * 8 * self.num_transitions
-        return arrays + sum(s.nbytes for s in self.segments)
+        """Bytes held: frames (each once), per-segment arrays, and the flat index arrays."""
+        arrays = 3 * 8 * self.num_transitions + 8 * len(self.segments)
+        store = self._frames.store.nbytes if self._frames.store is not None else 0
+        return arrays + store + sum(s.nbytes for s in self.segments)
+
+    @property
+    def num_frames(self) -> int:
+        return self._frames.store.num_frames if self._frames.store is not None else 0
 
     # ------------------------------------------------------------------ mutation
 
@@ -130,6 +139,8 @@ class ReplayBuffer:
             if seg.num_real <= 0:
                 continue
             gidx = self.base_idx + len(self.segments)
+            seg.frames = self._frames.add(seg)
+            self._seg_min_frame.extend(np.array([seg.frames.ids.min()], dtype=np.int64))
             self.segments.append(seg)
             n = seg.num_real
             self._seg_idx.extend(np.full(n, gidx, dtype=np.int64))
@@ -158,6 +169,10 @@ class ReplayBuffer:
             self._seg_idx.drop_front(n_tr)
             self._pos.drop_front(n_tr)
             self._priority.drop_front(n_tr)
+            self._seg_min_frame.drop_front(n_seg)
+            store = self._frames.store
+            mins = self._seg_min_frame.view
+            store.free_below(int(mins.min()) if len(mins) else store.hi)
             self.base_idx += n_seg
             self.clock += 1
             self.clear_time = self.clock
@@ -219,10 +234,12 @@ class ReplayBuffer:
         for s in self.segments:
             segs.append(
                 {
-                    "frames": s.frames, "actions": s.actions, "rewards": s.rewards, "stats": dict(s.stats),
+                    "frames": s.frames.materialize() if isinstance(s.frames, FrameRef) else s.frames,
+                    "actions": s.actions, "rewards": s.rewards, "stats": dict(s.stats),
                     "num_real": s.num_real, "frame_stack": s.frame_stack, "done": s.done,
                     "terminal_at_end": s.terminal_at_end, "env_id": s.env_id, "episode_step0": s.episode_step0,
-                    "policy_version": s.policy_version,
+                    "policy_version": s.policy_version, "stream_id": s.stream_id,
+                    "episode_index": s.episode_index,
                 }
             )
         return {

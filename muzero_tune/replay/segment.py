@@ -29,7 +29,7 @@ class GameSegment:
     which is why this dataclass is not frozen. Everything else is never mutated after emission.
     """
 
-    frames: np.ndarray  # [frame_stack - 1 + M + 1, *frame_shape]
+    frames: np.ndarray  # [frame_stack - 1 + M + 1, *frame_shape]; a FrameRef once in the replay buffer
     actions: np.ndarray  # [M] int64
     rewards: np.ndarray  # [M] float32, reward received after actions[i]
     stats: dict[str, np.ndarray]  # name -> [M, ...]
@@ -41,6 +41,8 @@ class GameSegment:
     episode_step0: int = 0  # episode step of position 0
     policy_version: int = -1  # weights version that collected it (-1: unknown)
     priorities: np.ndarray | None = None  # [num_real] initial priorities, or None for the buffer's max
+    stream_id: str = ""  # one environment of one collector instance ("" = unknown: frames never shared)
+    episode_index: int = 0  # episodes started by that stream before this one
     meta: dict = field(default_factory=dict)
 
     @property
@@ -67,11 +69,14 @@ class SegmentBuilder:
     L + pad_length transitions from s (its padding is the true continuation), or when the episode ends.
     """
 
-    def __init__(self, *, segment_length: int, pad_length: int, frame_stack: int, env_id: int = 0):
+    def __init__(self, *, segment_length: int, pad_length: int, frame_stack: int, env_id: int = 0,
+                 stream_id: str = ""):
         self.segment_length = segment_length
         self.pad_length = pad_length  # num_unroll_steps + td_steps
         self.frame_stack = frame_stack
         self.env_id = env_id
+        self.stream_id = stream_id
+        self.episode_index = -1
         self._frames: list[np.ndarray] = []  # from obs index start - (frame_stack - 1)
         self._actions: list[int] = []
         self._rewards: list[float] = []
@@ -92,6 +97,7 @@ class SegmentBuilder:
         # padding, the same as gymnasium's FrameStackObservation(padding_type='reset')).
         self._frames = [first_frame] * self.frame_stack
         self._start = 0
+        self.episode_index += 1
         return []
 
     def current_frames(self) -> np.ndarray:
@@ -155,6 +161,8 @@ class SegmentBuilder:
             episode_step0=self._start,
             policy_version=self._policy_version,
             priorities=None if np.isnan(pri).any() else pri,
+            stream_id=self.stream_id,
+            episode_index=self.episode_index,
         )
         del self._actions[:num_real], self._rewards[:num_real], self._stats[:num_real]
         del self._frames[:num_real], self._priorities[:num_real]
