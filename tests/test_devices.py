@@ -1,0 +1,64 @@
+"""Devices: CPU-only machines resolve to CPU with no error; an explicit CUDA without one is a clear error.
+
+The CUDA tests run only where a GPU is present (scripts/device_check.sh runs them on a GPU machine).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from muzero_tune.config import ConfigError, make_config
+from muzero_tune.pipeline.core import DriverCore
+from muzero_tune.pipeline.learner import resolve_device
+from muzero_tune.pipeline.reporter import MemoryReporter
+from muzero_tune.replay.random_rollout import random_segments
+
+HAS_CUDA = torch.cuda.is_available()
+TINY = {"model.hidden_dim": 32, "model.latent_dim": 16, "mcts.num_simulations": 4, "learn.batch_size": 16}
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the CPU-only behaviour")
+def test_cpu_only_machine_resolves_auto_and_rejects_cuda():
+    assert resolve_device("auto") == torch.device("cpu")
+    assert resolve_device("cpu") == torch.device("cpu")
+    for name in ("cuda", "cuda:0", "cuda:3"):
+        with pytest.raises(ConfigError) as err:
+            resolve_device(name)
+        assert "learn.device" in str(err.value) and name in str(err.value) and "cpu or auto" in str(err.value)
+    cfg = make_config("cartpole_muzero", overrides={**TINY, "learn.device": "auto", "learn.mixed_precision": True})
+    core = DriverCore(cfg, MemoryReporter())
+    assert core.learner.device.type == "cpu" and not core.learner._amp
+
+
+def _trained_core(device: str, **extra) -> DriverCore:
+    cfg = make_config("cartpole_muzero", overrides={**TINY, "learn.device": device, **extra})
+    core = DriverCore(cfg, MemoryReporter())
+    core.buffer.push(random_segments("CartPole-v1", steps=400, frame_stack=1, segment_length=50, pad_length=15))
+    for _ in range(3):
+        out = core.train_step()
+    assert out.priorities.shape == (16,) and np.all(np.isfinite(out.priorities))
+    return core
+
+
+def test_snapshots_are_cpu_tensors():
+    core = _trained_core("auto")
+    snap = core.learner.weights_snapshot()
+    assert all(v.device.type == "cpu" for v in snap.values())
+    # a copy: training on does not change the published snapshot
+    before = {k: v.clone() for k, v in snap.items()}
+    core.train_step()
+    assert all(torch.equal(before[k], snap[k]) for k in snap)
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("amp", [False, True])
+def test_cuda_learner_and_search(amp):
+    core = _trained_core("cuda", **{"learn.mixed_precision": amp})
+    assert core.learner.device.type == "cuda"
+    assert next(core.learner.model.parameters()).is_cuda
+    obs = np.zeros((8, 4), np.float32)
+    act = core.policy.act(core.learner.model, obs, np.ones((8, 2), bool), explore=True, temperature=1.0,
+                          rng=np.random.default_rng(0))
+    assert act.actions.shape == (8,)
