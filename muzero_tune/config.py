@@ -85,7 +85,9 @@ class EnvConfig:
 class ModelConfig:
     """The MuZero network: representation, dynamics and prediction functions."""
 
-    kind: str = param("mlp", "network family: mlp (vector observations) or conv (images)", choices=("mlp", "conv"))
+    kind: str = param(
+        "mlp", "network family: mlp (vector observations) or conv (images)", choices=("mlp", "conv")
+    )
     latent_dim: int = param(64, "mlp: size of the hidden state", ge=1)
     hidden_dim: int = param(128, "mlp: width of hidden layers", ge=1)
     num_hidden_layers: int = param(1, "mlp: hidden layers per function", ge=1, le=16)
@@ -105,8 +107,12 @@ class MctsConfig:
     pb_c_base: float = param(19652.0, "pUCT c2", gt=0.0)
     pb_c_init: float = param(1.25, "pUCT c1", ge=0.0)
     discount: float = param(0.997, "discount factor gamma, in search and value targets", gt=0.0, le=1.0)
-    root_dirichlet_alpha: float = param(0.3, "Dirichlet noise concentration at the root when collecting", gt=0.0)
-    root_noise_weight: float = param(0.25, "weight of the root Dirichlet noise when collecting", ge=0.0, le=1.0)
+    root_dirichlet_alpha: float = param(
+        0.3, "Dirichlet noise concentration at the root when collecting", gt=0.0
+    )
+    root_noise_weight: float = param(
+        0.25, "weight of the root Dirichlet noise when collecting", ge=0.0, le=1.0
+    )
     value_delta_max: float = param(0.01, "smallest min-max range used to normalise Q", ge=0.0)
     deterministic_eval: bool = param(True, "evaluation breaks score ties by the lowest action index")
 
@@ -137,8 +143,10 @@ class ReplayConfig:
         True, "new transitions get the buffer's max priority (else |root value - predicted value|)"
     )
     reanalyze_ratio: float = param(
-        0.0, "fraction of each sampled batch whose policy targets are re-searched with the target model",
-        ge=0.0, le=1.0,
+        0.0,
+        "fraction of each sampled batch whose policy targets are re-searched with the target model",
+        ge=0.0,
+        le=1.0,
     )
     buffer_reanalyze_freq: float = param(
         0.0, "buffer reanalyze calls per collect epoch (<1: once every 1/freq epochs; 0: off)", ge=0.0
@@ -172,7 +180,9 @@ class LearnConfig:
     policy_loss_weight: float = param(1.0, "weight of the policy cross-entropy", ge=0.0)
     ssl_loss_weight: float = param(0.0, "weight of the SSL consistency loss (0: off)", ge=0.0)
     target_update_interval: int = param(100, "hard target-network copy every this many train steps", ge=1)
-    target_update_tau: float = param(0.0, "if > 0, soft target update with this rate every step", ge=0.0, le=1.0)
+    target_update_tau: float = param(
+        0.0, "if > 0, soft target update with this rate every step", ge=0.0, le=1.0
+    )
     update_per_collect: int | None = param(
         None, "train steps per collect (None: replay_ratio x real transitions collected)", ge=1
     )
@@ -208,7 +218,9 @@ class AsyncPipelineConfig:
         None, "max concurrently running collect tasks (None: num_collector_actors)", ge=1
     )
     max_eval_inflight: int = param(1, "max concurrently running eval tasks", ge=1)
-    max_train_chunk_steps: int = param(4, "max consecutive learner updates before handling actor results", ge=1)
+    max_train_chunk_steps: int = param(
+        4, "max consecutive learner updates before handling actor results", ge=1
+    )
     weight_sync_interval: int = param(1, "min train_iter gap between weight snapshot publishes", ge=1)
     max_policy_lag: int = param(0, "max collector policy lag; exceeding it forces a publish (<0: off)")
     max_train_budget_queue_size: int | None = param(
@@ -223,9 +235,13 @@ class AsyncPipelineConfig:
     poll_interval_s: float = param(0.1, "driver event-loop poll interval, seconds", gt=0.0)
     shutdown_timeout_s: float = param(30.0, "actor shutdown timeout at exit, seconds", gt=0.0)
     ray_local_mode: bool = param(False, "Ray local mode (debugging)")
-    max_actor_restarts: int = param(3, "restarts allowed per actor slot before the run stops with an error", ge=0)
+    max_actor_restarts: int = param(
+        3, "restarts allowed per actor slot before the run stops with an error", ge=0
+    )
     actor_restart_delay_s: float = param(1.0, "wait before restarting a failed actor, seconds", ge=0.0)
-    collect_timeout_s: float = param(600.0, "a collect running longer is treated as a hung actor, seconds", gt=0.0)
+    collect_timeout_s: float = param(
+        600.0, "a collect running longer is treated as a hung actor, seconds", gt=0.0
+    )
     eval_timeout_s: float = param(1800.0, "an evaluation running longer is treated as hung, seconds", gt=0.0)
     actor_start_timeout_s: float = param(
         120.0, "wait this long for the placement group and actors to start, seconds", gt=0.0
@@ -246,14 +262,24 @@ class PolicyConfig:
 class TuneConfig:
     """Ray Tune sweeps: storage, checkpoints, failures and MLflow (used by ``muzero-tune sweep``)."""
 
-    storage_path: str = param("runs/tune", "sweep results folder (made absolute); MLflow's sqlite store lives here")
+    storage_path: str = param(
+        "runs/tune", "sweep results folder (made absolute); MLflow's sqlite store lives here"
+    )
     save_replay_buffer: bool = param(False, "put the replay buffer in every checkpoint (large; exact resume)")
-    checkpoint_num_to_keep: int | None = param(3, "checkpoints kept per trial (best by reward_mean + latest)", ge=1)
+    checkpoint_num_to_keep: int | None = param(
+        3, "checkpoints kept per trial (best by reward_mean + latest)", ge=1
+    )
     max_failures: int = param(1, "trial retries from its last checkpoint after an error", ge=0)
-    max_concurrent_trials: int | None = param(None, "trials run at once (None: the search space's default)", ge=1)
+    max_concurrent_trials: int | None = param(
+        None, "trials run at once (None: the search space's default)", ge=1
+    )
     mlflow: bool = param(True, "log every trial as an MLflow run")
-    mlflow_tracking_uri: str | None = param(None, "MLflow tracking URI (None: sqlite:///<storage_path>/mlflow.db)")
-    sync_period_s: float = param(1.0, "how often Tune syncs experiment state to storage (fresh restores)", gt=0.0)
+    mlflow_tracking_uri: str | None = param(
+        None, "MLflow tracking URI (None: sqlite:///<storage_path>/mlflow.db)"
+    )
+    sync_period_s: float = param(
+        1.0, "how often Tune syncs experiment state to storage (fresh restores)", gt=0.0
+    )
 
 
 @dataclass(frozen=True)
@@ -274,7 +300,9 @@ class ExperimentConfig:
     max_env_step: int = param(100_000, "stop after this many env steps", ge=1)
     max_train_iter: int = param(1_000_000, "stop after this many train steps", ge=1)
     stop_value: float | None = param(195.0, "stop when eval reward_mean reaches this (None: never)")
-    max_wall_s: float | None = param(None, "stop after this many seconds of run wall time (None: no limit)", gt=0.0)
+    max_wall_s: float | None = param(
+        None, "stop after this many seconds of run wall time (None: no limit)", gt=0.0
+    )
     env: EnvConfig = param(default_factory=EnvConfig, doc="environment")
     model: ModelConfig = param(default_factory=ModelConfig, doc="network")
     mcts: MctsConfig = param(default_factory=MctsConfig, doc="tree search")
@@ -367,7 +395,9 @@ def _is_section(tp: Any) -> bool:
     return isinstance(tp, type) and dataclasses.is_dataclass(tp)
 
 
-def iter_fields(cls: type = ExperimentConfig, prefix: str = "") -> Iterator[tuple[str, Any, dataclasses.Field]]:
+def iter_fields(
+    cls: type = ExperimentConfig, prefix: str = ""
+) -> Iterator[tuple[str, Any, dataclasses.Field]]:
     """Yield (dotted key, type, field) for every leaf setting, in declaration order."""
     hints = _hints(cls)
     for f in dataclasses.fields(cls):
@@ -442,7 +472,9 @@ def _coerce(key: str, tp: Any, value: Any) -> Any:
 def _unknown_key(key: str) -> ConfigError:
     keys = leaf_keys()
     close = difflib.get_close_matches(key, keys, n=3, cutoff=0.6)
-    hint = f"did you mean {' or '.join(repr(c) for c in close)}?" if close else "run `muzero-tune train --help`"
+    hint = (
+        f"did you mean {' or '.join(repr(c) for c in close)}?" if close else "run `muzero-tune train --help`"
+    )
     return ConfigError(key, "<unknown key>", f"no such setting; {hint}")
 
 
@@ -456,7 +488,7 @@ def _set(cfg: Any, path: list[str], value: Any, full_key: str) -> Any:
     if len(path) == 1:
         if _is_section(tp):
             if not isinstance(value, Mapping):
-                raise ConfigError(full_key, value, "is a section; set its keys, e.g. " f"{full_key}.<key>=...")
+                raise ConfigError(full_key, value, f"is a section; set its keys, e.g. {full_key}.<key>=...")
             out = getattr(cfg, head)
             for k, v in value.items():
                 out = _set(out, [k], v, f"{full_key}.{k}")
@@ -567,25 +599,29 @@ def validate(cfg: ExperimentConfig, *, check_env: bool = True) -> ExperimentConf
         raise ConfigError("learn.lr_milestones", learn.lr_milestones, "must be increasing")
     if replay.capacity_transitions < learn.batch_size:
         raise ConfigError(
-            "replay.capacity_transitions", replay.capacity_transitions,
+            "replay.capacity_transitions",
+            replay.capacity_transitions,
             f"must be >= learn.batch_size ({learn.batch_size})",
         )
     if cfg.env.env_id.startswith("ALE/") and cfg.model.kind != "conv":
         raise ConfigError("model.kind", cfg.model.kind, "Atari image observations need model.kind=conv")
     if ap.max_collect_inflight is not None and ap.max_collect_inflight > ap.num_collector_actors:
         raise ConfigError(
-            "policy.async_pipeline.max_collect_inflight", ap.max_collect_inflight,
+            "policy.async_pipeline.max_collect_inflight",
+            ap.max_collect_inflight,
             f"must be <= num_collector_actors ({ap.num_collector_actors}): one collect per actor at a time",
         )
     if ap.max_eval_inflight > ap.num_evaluator_actors:
         raise ConfigError(
-            "policy.async_pipeline.max_eval_inflight", ap.max_eval_inflight,
+            "policy.async_pipeline.max_eval_inflight",
+            ap.max_eval_inflight,
             f"must be <= num_evaluator_actors ({ap.num_evaluator_actors})",
         )
     for kind in ("collector", "evaluator"):
         if getattr(ap, f"{kind}_num_cpus") + getattr(ap, f"{kind}_num_gpus") <= 0:
             raise ConfigError(
-                f"policy.async_pipeline.{kind}_num_cpus", getattr(ap, f"{kind}_num_cpus"),
+                f"policy.async_pipeline.{kind}_num_cpus",
+                getattr(ap, f"{kind}_num_cpus"),
                 f"an actor bundle needs some resource: {kind}_num_cpus + {kind}_num_gpus must be > 0",
             )
     from muzero_tune.policies.registry import check_policy_type  # light: no torch import
@@ -642,5 +678,7 @@ def describe_fields() -> str:
         extra = ""
         if f.metadata.get("choices"):
             extra = f" {{{', '.join(map(str, f.metadata['choices']))}}}"
-        lines.append(f"  {key} ({_type_name(tp)}, default {defaults[key]!r}){extra}: {f.metadata.get('doc', '')}")
+        lines.append(
+            f"  {key} ({_type_name(tp)}, default {defaults[key]!r}){extra}: {f.metadata.get('doc', '')}"
+        )
     return "\n".join(lines)

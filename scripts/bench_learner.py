@@ -27,8 +27,15 @@ def bare_step(model, optimizer, obs, actions, num_unroll: int) -> None:
     for k in range(num_unroll):
         rec = model.recurrent_inference(latent, actions[:, k])
         latent = rec.latent
-        loss = loss + (rec.value_logits.logsumexp(-1).mean() + rec.policy_logits.logsumexp(-1).mean()
-                       + rec.reward_logits.logsumexp(-1).mean()) / num_unroll
+        loss = (
+            loss
+            + (
+                rec.value_logits.logsumexp(-1).mean()
+                + rec.policy_logits.logsumexp(-1).mean()
+                + rec.reward_logits.logsumexp(-1).mean()
+            )
+            / num_unroll
+        )
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()

@@ -42,8 +42,9 @@ def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[objec
         print("  ".join(c.rjust(w) for c, w in zip(r, widths)))
 
 
-def _random_network_outputs(rng: np.random.Generator, *, batch_size: int, num_actions: int,
-                            num_simulations: int):
+def _random_network_outputs(
+    rng: np.random.Generator, *, batch_size: int, num_actions: int, num_simulations: int
+):
     """Precomputed decoded outputs: reward [S, B], value [S, B] float32, logits [S, B, A] float32."""
     shape = (num_simulations, batch_size)
     reward = rng.normal(size=shape).astype(np.float32)
@@ -52,12 +53,14 @@ def _random_network_outputs(rng: np.random.Generator, *, batch_size: int, num_ac
     return reward, value, logits
 
 
-def time_kernels(*, batch_size: int, num_actions: int, num_simulations: int, repeats: int,
-                 rng: np.random.Generator) -> tuple[float, float]:
+def time_kernels(
+    *, batch_size: int, num_actions: int, num_simulations: int, repeats: int, rng: np.random.Generator
+) -> tuple[float, float]:
     """Return (select_us, expand_backup_us) per simulation per tree, timing each kernel call directly."""
     tree = TreeArrays(num_actions=num_actions, batch_capacity=batch_size, node_capacity=num_simulations + 1)
-    reward, value, logits = _random_network_outputs(rng, batch_size=batch_size, num_actions=num_actions,
-                                                    num_simulations=num_simulations)
+    reward, value, logits = _random_network_outputs(
+        rng, batch_size=batch_size, num_actions=num_actions, num_simulations=num_simulations
+    )
     tree.root_logits[:] = rng.normal(size=(batch_size, num_actions))
     tree.root_legal[:] = True
     tree.root_noise[:] = rng.standard_gamma(0.3, size=(batch_size, num_actions))
@@ -67,24 +70,69 @@ def time_kernels(*, batch_size: int, num_actions: int, num_simulations: int, rep
     clock = time.perf_counter_ns
     t = tree  # short alias: the kernels take every array explicitly
     for _ in range(repeats):
-        kernels.prepare_roots(t.children, t.prior, t.visit_count, t.value_sum, t.reward, t.min_value,
-                              t.max_value, t.root_legal, t.root_logits, t.root_noise, batch_size,
-                              num_simulations + 1, True, 0.25)
+        kernels.prepare_roots(
+            t.children,
+            t.prior,
+            t.visit_count,
+            t.value_sum,
+            t.reward,
+            t.min_value,
+            t.max_value,
+            t.root_legal,
+            t.root_logits,
+            t.root_noise,
+            batch_size,
+            num_simulations + 1,
+            True,
+            0.25,
+        )
         for sim in range(num_simulations):
             # Staging is not kernel work: do it before the timed calls (outputs do not depend on the choice).
             t.leaf_reward[:] = reward[sim]
             t.leaf_value[:] = value[sim]
             t.leaf_logits[:] = logits[sim]
             t0 = clock()
-            kernels.select_leaves(t.children, t.prior, t.visit_count, t.value_sum, t.reward, t.min_value,
-                                  t.max_value, t.root_legal, t.scores, t.path, t.path_len, t.sel_parent,
-                                  t.sel_action, batch_size, pb_c_base, pb_c_init, discount, value_delta_max,
-                                  True)
+            kernels.select_leaves(
+                t.children,
+                t.prior,
+                t.visit_count,
+                t.value_sum,
+                t.reward,
+                t.min_value,
+                t.max_value,
+                t.root_legal,
+                t.scores,
+                t.path,
+                t.path_len,
+                t.sel_parent,
+                t.sel_action,
+                batch_size,
+                pb_c_base,
+                pb_c_init,
+                discount,
+                value_delta_max,
+                True,
+            )
             t1 = clock()
-            kernels.expand_and_backup(t.children, t.prior, t.visit_count, t.value_sum, t.reward,
-                                      t.min_value, t.max_value, t.path, t.path_len, t.sel_parent,
-                                      t.sel_action, t.leaf_reward, t.leaf_value, t.leaf_logits, sim + 1,
-                                      batch_size, discount)
+            kernels.expand_and_backup(
+                t.children,
+                t.prior,
+                t.visit_count,
+                t.value_sum,
+                t.reward,
+                t.min_value,
+                t.max_value,
+                t.path,
+                t.path_len,
+                t.sel_parent,
+                t.sel_action,
+                t.leaf_reward,
+                t.leaf_value,
+                t.leaf_logits,
+                sim + 1,
+                batch_size,
+                discount,
+            )
             t2 = clock()
             select_ns += t1 - t0
             backup_ns += t2 - t1
@@ -92,12 +140,14 @@ def time_kernels(*, batch_size: int, num_actions: int, num_simulations: int, rep
     return select_ns * per_sim_tree, backup_ns * per_sim_tree
 
 
-def time_full_run(*, batch_size: int, num_actions: int, num_simulations: int, repeats: int,
-                  rng: np.random.Generator) -> float:
+def time_full_run(
+    *, batch_size: int, num_actions: int, num_simulations: int, repeats: int, rng: np.random.Generator
+) -> float:
     """Return microseconds per simulation per tree of ``MuZeroSearch.run()`` with a zero-cost recurrent_fn
     (returns precomputed outputs and its input latent), i.e. kernels + Python driver + latent gather/copy."""
-    reward, value, logits = _random_network_outputs(rng, batch_size=batch_size, num_actions=num_actions,
-                                                    num_simulations=num_simulations)
+    reward, value, logits = _random_network_outputs(
+        rng, batch_size=batch_size, num_actions=num_actions, num_simulations=num_simulations
+    )
     step = [0]
 
     def recurrent_fn(latent: torch.Tensor, actions: np.ndarray):
@@ -112,8 +162,15 @@ def time_full_run(*, batch_size: int, num_actions: int, num_simulations: int, re
     run_rng = np.random.default_rng(0)
 
     def run_once() -> None:
-        search.run(root_latent=root_latent, root_policy_logits=root_logits, legal_mask=legal,
-                   recurrent_fn=recurrent_fn, add_noise=True, deterministic=False, rng=run_rng)
+        search.run(
+            root_latent=root_latent,
+            root_policy_logits=root_logits,
+            legal_mask=legal,
+            recurrent_fn=recurrent_fn,
+            add_noise=True,
+            deterministic=False,
+            rng=run_rng,
+        )
 
     run_once()  # warm-up: buffer allocation
     t0 = time.perf_counter()
@@ -130,13 +187,31 @@ def section_kernels(args: argparse.Namespace) -> None:
             cfg = dict(batch_size=batch_size, num_actions=num_actions, num_simulations=args.num_simulations)
             select_us, backup_us = time_kernels(repeats=args.repeats, rng=rng, **cfg)
             run_us = time_full_run(repeats=max(args.repeats // 4, 1), rng=rng, **cfg)
-            rows.append([batch_size, num_actions, args.num_simulations, select_us, backup_us,
-                         select_us + backup_us, run_us, run_us * batch_size])
+            rows.append(
+                [
+                    batch_size,
+                    num_actions,
+                    args.num_simulations,
+                    select_us,
+                    backup_us,
+                    select_us + backup_us,
+                    run_us,
+                    run_us * batch_size,
+                ]
+            )
     print_table(
         "Tree work per simulation, network excluded (us = microseconds; kernel timings with deterministic "
         "ties, run() with root noise + random ties and a zero-cost recurrent_fn)",
-        ["B", "A", "sims", "select us/sim/tree", "expand+backup us/sim/tree", "kernels us/sim/tree",
-         "run() us/sim/tree", "run() us/sim (batch)"],
+        [
+            "B",
+            "A",
+            "sims",
+            "select us/sim/tree",
+            "expand+backup us/sim/tree",
+            "kernels us/sim/tree",
+            "run() us/sim/tree",
+            "run() us/sim (batch)",
+        ],
         rows,
     )
 
@@ -163,14 +238,17 @@ def section_compile(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as cache_dir:  # private cache: "cold" really is cold
         env = dict(os.environ, NUMBA_CACHE_DIR=cache_dir)
         for label in ("cold (empty cache)", "cached (on-disk)"):
-            out = subprocess.run([sys.executable, "-c", _COMPILE_PROBE], env=env, check=True,
-                                 capture_output=True, text=True)
+            out = subprocess.run(
+                [sys.executable, "-c", _COMPILE_PROBE], env=env, check=True, capture_output=True, text=True
+            )
             rows.append([label, float(out.stdout.strip().splitlines()[-1])])
     print_table("numba compile time: first run() in a fresh process", ["cache", "seconds"], rows)
 
 
 # Sections run in order; later benchmark parts (e.g. search vs network per collect step) append theirs here.
-def time_collect_step(preset: str, *, repeats: int, overrides: dict | None = None) -> tuple[float, float, int, int]:
+def time_collect_step(
+    preset: str, *, repeats: int, overrides: dict | None = None
+) -> tuple[float, float, int, int]:
     """One collect step of a preset's real policy and network: (total ms, network ms, batch, simulations).
 
     The network's initial and recurrent inference are wrapped with timers; search time = total - network.
@@ -189,6 +267,7 @@ def time_collect_step(preset: str, *, repeats: int, overrides: dict | None = Non
             out = fn(*a, **k)
             spent[0] += time.perf_counter() - t0
             return out
+
         return wrapper
 
     model.initial_inference = timed(model.initial_inference)
@@ -215,7 +294,9 @@ def section_collect_step(args: argparse.Namespace) -> None:
     for preset, overrides, reps in cases:
         total, net, batch, sims = time_collect_step(preset, repeats=reps, overrides=overrides)
         search = total - net
-        rows.append((preset, batch, sims, f"{total:.2f}", f"{net:.2f}", f"{search:.2f}", f"{search / total:.1%}"))
+        rows.append(
+            (preset, batch, sims, f"{total:.2f}", f"{net:.2f}", f"{search:.2f}", f"{search / total:.1%}")
+        )
     print_table(
         "one collect step (policy.act on the preset's env batch): search vs network",
         ["preset", "B", "sims", "total ms", "network ms", "search ms", "search share"],
@@ -223,7 +304,11 @@ def section_collect_step(args: argparse.Namespace) -> None:
     )
 
 
-SECTIONS: list[Callable[[argparse.Namespace], None]] = [section_kernels, section_compile, section_collect_step]
+SECTIONS: list[Callable[[argparse.Namespace], None]] = [
+    section_kernels,
+    section_compile,
+    section_collect_step,
+]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,4 +1,4 @@
-"""Replay memory per stored transition on Atari Pong (64 px grayscale, frame stack 4, segments of 20 + 10 pad).
+"""Replay memory per stored transition on Atari Pong (64 px grayscale, stack 4, segments of 20 + 10 pad).
 
 Pushes random-action Pong segments (with the per-step statistics MuZero stores: visit distribution, root
 value, legal mask) into the replay buffer and prints bytes per real transition, split into frames and the
@@ -28,12 +28,20 @@ def main(argv: list[str] | None = None) -> None:
     n = buf.num_transitions
     frames_b = buf._frames.store.nbytes
     total = buf.nbytes
-    print(f"{args.env}: {n} real transitions in {buf.num_segments} segments; frames stored {buf.num_frames} "
-          f"(received {buf._frames.frames_received})")
-    print(f"  bytes per transition: {total / n:,.0f} (frames {frames_b / n:,.0f}, other {(total - frames_b) / n:,.0f})")
+    print(
+        f"{args.env}: {n} real transitions in {buf.num_segments} segments; frames stored {buf.num_frames} "
+        f"(received {buf._frames.frames_received})"
+    )
+    print(
+        f"  bytes per transition: {total / n:,.0f} "
+        f"(frames {frames_b / n:,.0f}, other {(total - frames_b) / n:,.0f})"
+    )
     print(f"  projected 1M transitions: {total / n * 1e6 / 2**30:.2f} GiB (target <= 5 GiB)")
-    print(f"  frames as shipped (no dedup): {shipped / n:,.0f} B/transition -> {shipped / n * 1e6 / 2**30:.2f} GiB; "
-          f"a frame copy per stack position would be {4 * frames_b / n:,.0f} B/transition")
+    print(
+        f"  frames as shipped (no dedup): {shipped / n:,.0f} B/transition "
+        f"-> {shipped / n * 1e6 / 2**30:.2f} GiB; "
+        f"a frame copy per stack position would be {4 * frames_b / n:,.0f} B/transition"
+    )
 
 
 if __name__ == "__main__":

@@ -24,13 +24,21 @@ def run(preset: str, overrides: dict, *, async_collectors: int | None, wall_s: f
     from muzero_tune.pipeline.sync_driver import train_muzero_segment
 
     common = {
-        "stop_value": None, "max_env_step": 10**9, "max_wall_s": wall_s, "eval.eval_freq": 10**9,
-        "logging.quiet": True, "logging.output_dir": out_dir,
+        "stop_value": None,
+        "max_env_step": 10**9,
+        "max_wall_s": wall_s,
+        "eval.eval_freq": 10**9,
+        "logging.quiet": True,
+        "logging.output_dir": out_dir,
         "exp_name": f"bench_{'sync' if async_collectors is None else f'async{async_collectors}'}",
     }
     if async_collectors is not None:
-        common.update({"policy.async_pipeline.enabled": True,
-                       "policy.async_pipeline.num_collector_actors": async_collectors})
+        common.update(
+            {
+                "policy.async_pipeline.enabled": True,
+                "policy.async_pipeline.num_collector_actors": async_collectors,
+            }
+        )
     cfg = make_config(preset, overrides={**overrides, **common})
     out: list = []
     if async_collectors is None:
@@ -39,14 +47,23 @@ def run(preset: str, overrides: dict, *, async_collectors: int | None, wall_s: f
         s = train_muzero_segment_async(cfg, reporter=MemoryReporter(), driver_out=out)
     row = {
         "pipeline": "sync" if async_collectors is None else f"async x{async_collectors}",
-        "env_steps": s.env_steps, "train_iter": s.train_iter, "wall_s": s.wall_s,
-        "envstep_per_s": s.env_steps / s.wall_s, "train_per_s": s.train_iter / s.wall_s,
-        "train_per_envstep": s.train_iter / max(1, s.env_steps), "timings": s.timings,
+        "env_steps": s.env_steps,
+        "train_iter": s.train_iter,
+        "wall_s": s.wall_s,
+        "envstep_per_s": s.env_steps / s.wall_s,
+        "train_per_s": s.train_iter / s.wall_s,
+        "train_per_envstep": s.train_iter / max(1, s.env_steps),
+        "timings": s.timings,
     }
     if out:
         m = out[0].pipeline_metrics()
-        row.update({"learner_idle": m["pipeline/learner_idle_frac"], "collector_idle": m["pipeline/collector_idle_frac"],
-                    "lag_mean": m["policy_lag_mean"]})
+        row.update(
+            {
+                "learner_idle": m["pipeline/learner_idle_frac"],
+                "collector_idle": m["pipeline/collector_idle_frac"],
+                "lag_mean": m["policy_lag_mean"],
+            }
+        )
     return row
 
 
@@ -68,7 +85,9 @@ def main(argv: list[str] | None = None) -> None:
     ray.init(num_cpus=max(4, 2 + max(args.collectors)), include_dashboard=False, log_to_driver=False)
     try:
         for n in args.collectors:
-            rows.append(run(args.preset, overrides, async_collectors=n, wall_s=args.wall_s, out_dir=args.out_dir))
+            rows.append(
+                run(args.preset, overrides, async_collectors=n, wall_s=args.wall_s, out_dir=args.out_dir)
+            )
     finally:
         ray.shutdown()
 
@@ -77,17 +96,26 @@ def main(argv: list[str] | None = None) -> None:
     c_per_step = t["collect_s"] / max(1, sync["env_steps"])
     l_per_step = t["train_s"] / max(1, sync["env_steps"])
     bound = (c_per_step + l_per_step) / max(c_per_step, l_per_step)
-    print(f"\npreset={args.preset} overrides={overrides} wall budget {args.wall_s:g} s per run, {os.cpu_count()} cores")
-    print(f"sync per env step: collect {1e3 * c_per_step:.2f} ms, train {1e3 * l_per_step:.2f} ms "
-          f"-> ideal overlap bound {bound:.2f}x")
-    print(f"{'pipeline':>10} {'env_steps':>9} {'envstep/s':>9} {'train/s':>8} {'train/envstep':>13} "
-          f"{'ratio':>6} {'of bound':>8} {'learner idle':>12} {'collector idle':>14} {'lag':>6}")
+    print(
+        f"\npreset={args.preset} overrides={overrides} "
+        f"wall budget {args.wall_s:g} s per run, {os.cpu_count()} cores"
+    )
+    print(
+        f"sync per env step: collect {1e3 * c_per_step:.2f} ms, train {1e3 * l_per_step:.2f} ms "
+        f"-> ideal overlap bound {bound:.2f}x"
+    )
+    print(
+        f"{'pipeline':>10} {'env_steps':>9} {'envstep/s':>9} {'train/s':>8} {'train/envstep':>13} "
+        f"{'ratio':>6} {'of bound':>8} {'learner idle':>12} {'collector idle':>14} {'lag':>6}"
+    )
     for r in rows:
         ratio = r["envstep_per_s"] / sync["envstep_per_s"]
-        print(f"{r['pipeline']:>10} {r['env_steps']:>9d} {r['envstep_per_s']:>9.1f} {r['train_per_s']:>8.1f} "
-              f"{r['train_per_envstep']:>13.3f} {ratio:>6.2f} {ratio / bound:>8.0%} "
-              f"{r.get('learner_idle', float('nan')):>12.2f} {r.get('collector_idle', float('nan')):>14.2f} "
-              f"{r.get('lag_mean', float('nan')):>6.1f}")
+        print(
+            f"{r['pipeline']:>10} {r['env_steps']:>9d} {r['envstep_per_s']:>9.1f} {r['train_per_s']:>8.1f} "
+            f"{r['train_per_envstep']:>13.3f} {ratio:>6.2f} {ratio / bound:>8.0%} "
+            f"{r.get('learner_idle', float('nan')):>12.2f} {r.get('collector_idle', float('nan')):>14.2f} "
+            f"{r.get('lag_mean', float('nan')):>6.1f}"
+        )
     sys.stdout.flush()
 
 

@@ -19,10 +19,16 @@ from muzero_tune.pipeline.sync_driver import train_muzero_segment
 
 
 def run_seed(seed: int, overrides: dict, output_dir: str) -> dict:
-    cfg = make_config("cartpole_muzero", overrides={
-        "seed": seed, "exp_name": f"learning_curve_seed{seed}", "logging.output_dir": output_dir,
-        "logging.quiet": True, **overrides,
-    })
+    cfg = make_config(
+        "cartpole_muzero",
+        overrides={
+            "seed": seed,
+            "exp_name": f"learning_curve_seed{seed}",
+            "logging.output_dir": output_dir,
+            "logging.quiet": True,
+            **overrides,
+        },
+    )
     rep = MemoryReporter()
     summary = train_muzero_segment(cfg, reporter=rep)
     solved = next((e for e in rep.evals if e["reward_mean"] >= 195.0), None)
@@ -50,7 +56,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(row), flush=True)
     print("\nseed  solved  env_steps_to_195  wall_s_to_195")
     for r in rows:
-        print(f"{r['seed']:>4}  {str(r['solved']):>6}  {str(r['env_steps_to_195']):>16}  {str(r['wall_s_to_195']):>13}")
+        print(
+            f"{r['seed']:>4}  {str(r['solved']):>6}  "
+            f"{str(r['env_steps_to_195']):>16}  {str(r['wall_s_to_195']):>13}"
+        )
     ok = all(r["solved"] and r["env_steps_to_195"] <= 30_000 and r["wall_s_to_195"] <= 600 for r in rows)
     print("target (every seed <= 30k env steps and <= 600 s):", "MET" if ok else "NOT MET")
     return 0 if ok else 1

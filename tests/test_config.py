@@ -31,22 +31,46 @@ def test_defaults_are_valid_and_frozen():
 def test_async_pipeline_holds_the_spec_table_with_its_defaults():
     ap = ExperimentConfig().policy.async_pipeline
     expected = {
-        "num_collector_actors": 1, "num_evaluator_actors": 1, "max_eval_inflight": 1, "max_train_chunk_steps": 4,
-        "weight_sync_interval": 1, "max_policy_lag": 0, "eval_at_start": False, "collector_num_cpus": 1.0,
-        "evaluator_num_cpus": 1.0, "collector_num_gpus": 0.0, "evaluator_num_gpus": 0.0,
-        "buffer_stats_interval": 100, "poll_interval_s": 0.1, "shutdown_timeout_s": 30.0, "ray_local_mode": False,
+        "num_collector_actors": 1,
+        "num_evaluator_actors": 1,
+        "max_eval_inflight": 1,
+        "max_train_chunk_steps": 4,
+        "weight_sync_interval": 1,
+        "max_policy_lag": 0,
+        "eval_at_start": False,
+        "collector_num_cpus": 1.0,
+        "evaluator_num_cpus": 1.0,
+        "collector_num_gpus": 0.0,
+        "evaluator_num_gpus": 0.0,
+        "buffer_stats_interval": 100,
+        "poll_interval_s": 0.1,
+        "shutdown_timeout_s": 30.0,
+        "ray_local_mode": False,
     }
     for k, v in expected.items():
         assert getattr(ap, k) == v, k
-    r = resolved_async(apply_overrides(ExperimentConfig(), {"policy.async_pipeline.num_collector_actors": 3})
-                       .policy.async_pipeline)
+    r = resolved_async(
+        apply_overrides(
+            ExperimentConfig(), {"policy.async_pipeline.num_collector_actors": 3}
+        ).policy.async_pipeline
+    )
     assert r.max_collect_inflight == 3 and r.max_train_budget_queue_size == 6
 
 
 def test_overrides_coerce_strings_and_round_trip():
-    cfg = apply_overrides(ExperimentConfig(), parse_set_args(
-        ["learn.batch_size=128", "learn.learning_rate=1e-3", "replay.use_priority=false", "stop_value=none",
-         "learn.lr_milestones=[10, 20]", "env.max_episode_steps=200"]))
+    cfg = apply_overrides(
+        ExperimentConfig(),
+        parse_set_args(
+            [
+                "learn.batch_size=128",
+                "learn.learning_rate=1e-3",
+                "replay.use_priority=false",
+                "stop_value=none",
+                "learn.lr_milestones=[10, 20]",
+                "env.max_episode_steps=200",
+            ]
+        ),
+    )
     assert cfg.learn.batch_size == 128 and cfg.learn.learning_rate == 1e-3
     assert cfg.replay.use_priority is False and cfg.stop_value is None
     assert cfg.learn.lr_milestones == (10, 20) and cfg.env.max_episode_steps == 200
@@ -86,8 +110,11 @@ BAD = [
     ({"policy.type": "unizero"}, "policy.type", "not implemented yet"),
     ({"learn.device": "tpu"}, "learn.device", "cpu, auto, cuda"),
     ({"policy.async_pipeline.weight_sync_interval": 0}, "policy.async_pipeline.weight_sync_interval", ">= 1"),
-    ({"policy.async_pipeline.max_collect_inflight": 3}, "policy.async_pipeline.max_collect_inflight",
-     "num_collector_actors"),
+    (
+        {"policy.async_pipeline.max_collect_inflight": 3},
+        "policy.async_pipeline.max_collect_inflight",
+        "num_collector_actors",
+    ),
     ({"policy.async_pipeline.poll_interval_s": 0}, "policy.async_pipeline.poll_interval_s", "> 0"),
     ({"env.env_id": "ALE/Pong-v5"}, "model.kind", "conv"),
     ({"learn.lr_milestones": [5, 2]}, "learn.lr_milestones", "increasing"),
@@ -96,7 +123,9 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize("overrides,key,allowed", BAD, ids=[b[1] + ":" + str(list(b[0].values())[0]) for b in BAD])
+@pytest.mark.parametrize(
+    "overrides,key,allowed", BAD, ids=[b[1] + ":" + str(list(b[0].values())[0]) for b in BAD]
+)
 def test_bad_input_fails_clearly_before_any_work(overrides, key, allowed):
     before = set(sys.modules)
     with pytest.raises(ConfigError) as err:

@@ -27,7 +27,9 @@ def test_cpu_only_machine_resolves_auto_and_rejects_cuda():
         with pytest.raises(ConfigError) as err:
             resolve_device(name)
         assert "learn.device" in str(err.value) and name in str(err.value) and "cpu or auto" in str(err.value)
-    cfg = make_config("cartpole_muzero", overrides={**TINY, "learn.device": "auto", "learn.mixed_precision": True})
+    cfg = make_config(
+        "cartpole_muzero", overrides={**TINY, "learn.device": "auto", "learn.mixed_precision": True}
+    )
     core = DriverCore(cfg, MemoryReporter())
     assert core.learner.device.type == "cpu" and not core.learner._amp
 
@@ -35,7 +37,9 @@ def test_cpu_only_machine_resolves_auto_and_rejects_cuda():
 def _trained_core(device: str, **extra) -> DriverCore:
     cfg = make_config("cartpole_muzero", overrides={**TINY, "learn.device": device, **extra})
     core = DriverCore(cfg, MemoryReporter())
-    core.buffer.push(random_segments("CartPole-v1", steps=400, frame_stack=1, segment_length=50, pad_length=15))
+    core.buffer.push(
+        random_segments("CartPole-v1", steps=400, frame_stack=1, segment_length=50, pad_length=15)
+    )
     for _ in range(3):
         out = core.train_step()
     assert out.priorities.shape == (16,) and np.all(np.isfinite(out.priorities))
@@ -59,6 +63,12 @@ def test_cuda_learner_and_search(amp):
     assert core.learner.device.type == "cuda"
     assert next(core.learner.model.parameters()).is_cuda
     obs = np.zeros((8, 4), np.float32)
-    act = core.policy.act(core.learner.model, obs, np.ones((8, 2), bool), explore=True, temperature=1.0,
-                          rng=np.random.default_rng(0))
+    act = core.policy.act(
+        core.learner.model,
+        obs,
+        np.ones((8, 2), bool),
+        explore=True,
+        temperature=1.0,
+        rng=np.random.default_rng(0),
+    )
     assert act.actions.shape == (8,)

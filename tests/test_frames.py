@@ -11,15 +11,26 @@ from muzero_tune.replay.frames import FrameRef
 from muzero_tune.replay.random_rollout import random_segments
 
 
-def rollout_segments(env_id, *, steps, frame_stack, seg_len, pad, seed=0, stream="s0", max_episode_steps=None):
-    return random_segments(env_id, steps=steps, frame_stack=frame_stack, segment_length=seg_len, pad_length=pad,
-                           seed=seed, stream_id=stream, max_episode_steps=max_episode_steps)
+def rollout_segments(
+    env_id, *, steps, frame_stack, seg_len, pad, seed=0, stream="s0", max_episode_steps=None
+):
+    return random_segments(
+        env_id,
+        steps=steps,
+        frame_stack=frame_stack,
+        segment_length=seg_len,
+        pad_length=pad,
+        seed=seed,
+        stream_id=stream,
+        max_episode_steps=max_episode_steps,
+    )
 
 
 @pytest.mark.parametrize("frame_stack", [1, 4])
 def test_frames_stored_once_and_read_back_exactly(frame_stack):
-    segs = rollout_segments("CartPole-v1", steps=3000, frame_stack=frame_stack, seg_len=20, pad=10,
-                            max_episode_steps=60)
+    segs = rollout_segments(
+        "CartPole-v1", steps=3000, frame_stack=frame_stack, seg_len=20, pad=10, max_episode_steps=60
+    )
     originals = [s.frames.copy() for s in segs]
     buf = ReplayBuffer(capacity_transitions=10**6)
     buf.push(segs)
@@ -37,7 +48,9 @@ def test_frames_stored_once_and_read_back_exactly(frame_stack):
 
 
 def test_eviction_frees_frames_and_keeps_survivors_intact():
-    segs = rollout_segments("CartPole-v1", steps=4000, frame_stack=3, seg_len=20, pad=10, max_episode_steps=90)
+    segs = rollout_segments(
+        "CartPole-v1", steps=4000, frame_stack=3, seg_len=20, pad=10, max_episode_steps=90
+    )
     originals = {id(s): s.frames.copy() for s in segs}
     buf = ReplayBuffer(capacity_transitions=1000)
     for i in range(0, len(segs), 7):
@@ -69,5 +82,6 @@ def test_pong_bytes_per_transition_and_stack_reconstruction():
     for s, o in zip(buf.segments[:5], originals[:5]):
         obs = stack_frames(s.stacked_obs(np.arange(s.num_real)), frame_ndim=3)
         assert obs.shape == (s.num_real, 4, 64, 64) and obs.dtype == np.uint8
-        np.testing.assert_array_equal(obs, stack_frames(o[np.arange(s.num_real)[:, None] + np.arange(4)],
-                                                        frame_ndim=3))
+        np.testing.assert_array_equal(
+            obs, stack_frames(o[np.arange(s.num_real)[:, None] + np.arange(4)], frame_ndim=3)
+        )

@@ -15,8 +15,10 @@ from muzero_tune.pipeline.sync_driver import train_muzero_segment
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_cartpole_muzero_solves(seed, tmp_path):
-    cfg = make_config("cartpole_muzero", overrides={"seed": seed, "logging.output_dir": str(tmp_path),
-                                                    "logging.quiet": True})
+    cfg = make_config(
+        "cartpole_muzero",
+        overrides={"seed": seed, "logging.output_dir": str(tmp_path), "logging.quiet": True},
+    )
     rep = MemoryReporter()
     summary = train_muzero_segment(cfg, reporter=rep)
     assert summary.stop_reason == "stop_value", rep.evals

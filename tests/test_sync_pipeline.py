@@ -17,9 +17,18 @@ from muzero_tune.pipeline.reporter import MemoryReporter
 from muzero_tune.pipeline.sync_driver import train_muzero_segment
 
 SMALL = {
-    "model.hidden_dim": 32, "model.latent_dim": 16, "mcts.num_simulations": 4, "learn.batch_size": 32,
-    "env.collector_env_num": 4, "env.evaluator_env_num": 2, "eval.n_episodes": 2, "eval.eval_freq": 20,
-    "replay.game_segment_length": 20, "max_env_step": 400, "stop_value": None, "logging.quiet": True,
+    "model.hidden_dim": 32,
+    "model.latent_dim": 16,
+    "mcts.num_simulations": 4,
+    "learn.batch_size": 32,
+    "env.collector_env_num": 4,
+    "env.evaluator_env_num": 2,
+    "eval.n_episodes": 2,
+    "eval.eval_freq": 20,
+    "replay.game_segment_length": 20,
+    "max_env_step": 400,
+    "stop_value": None,
+    "logging.quiet": True,
 }
 
 
@@ -59,10 +68,16 @@ def test_resume_continues_counters_exactly(run):
     cfg, summary, run_dir = run
     path = latest_checkpoint(run_dir)
     rep = MemoryReporter()
-    cfg2 = make_config("cartpole_muzero", overrides={**SMALL, "max_env_step": summary.env_steps + 200,
-                                                     "learn.resume_warmup_transitions": 64,
-                                                     "logging.output_dir": os.path.dirname(run_dir),
-                                                     "exp_name": "t_resumed"})
+    cfg2 = make_config(
+        "cartpole_muzero",
+        overrides={
+            **SMALL,
+            "max_env_step": summary.env_steps + 200,
+            "learn.resume_warmup_transitions": 64,
+            "logging.output_dir": os.path.dirname(run_dir),
+            "exp_name": "t_resumed",
+        },
+    )
     s2 = train_muzero_segment(cfg2, reporter=rep, resume_from=path)
     first = rep.evals[0]
     assert first["eval_index"] == len(summary.evals) + 1

@@ -10,6 +10,7 @@ with ``weights_only=True``:
 - ``resume`` (optional): learner state (model, target model, optimizer, scheduler, RNG states),
   ``counters`` (env_steps, train_iter, eval_index, train_epoch), driver RNG state and, when configured,
   the replay buffer.
+- ``report_keys`` (Tune trials): the trial's report schema, so a restored trial reports the same keys.
 """
 
 from __future__ import annotations
@@ -94,8 +95,12 @@ def load_policy(path: str, *, device: str = "cpu"):
 
     ckpt = load_checkpoint(path)
     cfg = from_flat_dict(ckpt["config"])
-    spec = env_spec(cfg.env.env_id, frame_stack=cfg.env.frame_stack, frame_size_px=cfg.env.frame_size_px,
-                    grayscale=cfg.env.grayscale)
+    spec = env_spec(
+        cfg.env.env_id,
+        frame_stack=cfg.env.frame_stack,
+        frame_size_px=cfg.env.frame_size_px,
+        grayscale=cfg.env.grayscale,
+    )
     policy = get_policy_class(cfg.policy.type)(cfg, spec)
     model = policy.build_model().to(device)
     model.load_state_dict(ckpt["evaluated"]["weights"])

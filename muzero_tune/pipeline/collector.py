@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
+
 import gymnasium as gym
 import numpy as np
 import torch
@@ -37,7 +38,8 @@ def env_factory(cfg: ExperimentConfig, *, evaluation: bool = False) -> Callable[
             noop_max=ec.noop_max,
             clip_rewards=ec.clip_rewards and not evaluation,
             episodic_life=ec.episodic_life and not evaluation,
-            max_episode_steps=(cfg.eval.max_episode_steps or ec.max_episode_steps) if evaluation
+            max_episode_steps=(cfg.eval.max_episode_steps or ec.max_episode_steps)
+            if evaluation
             else ec.max_episode_steps,
         )
 
@@ -91,7 +93,7 @@ class SegmentCollector:
         self._returns = np.zeros(self.num_envs)
         self._lengths = np.zeros(self.num_envs, dtype=np.int64)
         self.total_envsteps = 0
-        for i, env in enumerate(self.envs):
+        for i in range(self.num_envs):
             self._reset_env(i)
 
     def _reset_env(self, i: int) -> None:
@@ -123,7 +125,9 @@ class SegmentCollector:
                 np.stack([b.current_frames() for b in self.builders]), frame_ndim=self.spec.frame_ndim
             )
             ts = time.perf_counter()
-            act = self.policy.act(model, obs, self._masks, explore=True, temperature=temperature, rng=self.rng)
+            act = self.policy.act(
+                model, obs, self._masks, explore=True, temperature=temperature, rng=self.rng
+            )
             search_s += time.perf_counter() - ts
             for i, env in enumerate(self.envs):
                 a = int(act.actions[i])

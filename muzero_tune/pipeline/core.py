@@ -19,13 +19,12 @@ from muzero_tune.config import ExperimentConfig, to_flat_dict
 from muzero_tune.envs import env_spec
 from muzero_tune.pipeline import schedule
 from muzero_tune.pipeline.checkpoint import to_numpy_tree
-from muzero_tune.pipeline.messages import CollectResult, EvalResult
 from muzero_tune.pipeline.learner import Learner, LearnOutput
+from muzero_tune.pipeline.messages import CollectResult, EvalResult
 from muzero_tune.pipeline.reporter import Reporter
 from muzero_tune.policies.registry import get_policy_class
 from muzero_tune.replay.buffer import ReplayBuffer
 from muzero_tune.replay.targets import reanalyze_positions
-
 
 EVAL_SEED_OFFSET = 100_000  # evaluator episode j is reset with seed cfg.seed + EVAL_SEED_OFFSET + j
 
@@ -57,7 +56,9 @@ class RunSummary:
     train_iter: int
     evals: list[dict] = field(default_factory=list)
     wall_s: float = 0.0
-    timings: dict[str, float] = field(default_factory=dict)  # seconds spent per phase (sync: collect, train, eval)
+    timings: dict[str, float] = field(
+        default_factory=dict
+    )  # seconds spent per phase (sync: collect, train, eval)
 
 
 def setup_torch_threads() -> None:
@@ -67,8 +68,12 @@ def setup_torch_threads() -> None:
 
 
 def make_spec(cfg: ExperimentConfig):
-    return env_spec(cfg.env.env_id, frame_stack=cfg.env.frame_stack, frame_size_px=cfg.env.frame_size_px,
-                    grayscale=cfg.env.grayscale)
+    return env_spec(
+        cfg.env.env_id,
+        frame_stack=cfg.env.frame_stack,
+        frame_size_px=cfg.env.frame_size_px,
+        grayscale=cfg.env.grayscale,
+    )
 
 
 def make_policy(cfg: ExperimentConfig):
@@ -85,8 +90,12 @@ class DriverCore:
         self.policy, self.spec = make_policy(cfg)
         self.learner = Learner(cfg, self.policy)
         rc = cfg.replay
-        self.buffer = ReplayBuffer(capacity_transitions=rc.capacity_transitions, use_priority=rc.use_priority,
-                                   alpha=rc.priority_alpha, beta=rc.priority_beta)
+        self.buffer = ReplayBuffer(
+            capacity_transitions=rc.capacity_transitions,
+            use_priority=rc.use_priority,
+            alpha=rc.priority_alpha,
+            beta=rc.priority_beta,
+        )
         self.rng = np.random.default_rng([cfg.seed, 31337])
         self.counters = Counters()
         self.flat_config = to_flat_dict(cfg)
@@ -127,8 +136,9 @@ class DriverCore:
         )
 
     def reanalyze_plan(self, budget: int) -> schedule.ReanalyzePlan:
-        return schedule.reanalyze_plan(buffer_reanalyze_freq=self.cfg.replay.buffer_reanalyze_freq,
-                                       update_per_collect=budget)
+        return schedule.reanalyze_plan(
+            buffer_reanalyze_freq=self.cfg.replay.buffer_reanalyze_freq, update_per_collect=budget
+        )
 
     def buffer_reanalyze(self) -> int:
         """Re-search ``reanalyze_batch_size`` positions from the oldest partition with the target model."""
@@ -138,7 +148,9 @@ class DriverCore:
         seg_idx, pos = self.buffer.sample_oldest(rc.reanalyze_batch_size, rc.reanalyze_partition, self.rng)
         segs = [self.buffer.segment(int(g)) for g in seg_idx]
         n = reanalyze_positions(
-            segs, pos, span=1,
+            segs,
+            pos,
+            span=1,
             reanalyze_fn=lambda o, m: self.policy.reanalyze(self.learner.target_model, o, m, self.rng),
         )
         self.counters.reanalyze_calls += 1
@@ -151,7 +163,9 @@ class DriverCore:
         lc, rc = self.cfg.learn, self.cfg.replay
         sample = self.buffer.sample(lc.batch_size, self.rng)
         batch = self.policy.make_batch(
-            sample, target_model=self.learner.target_model, rng=self.rng,
+            sample,
+            target_model=self.learner.target_model,
+            rng=self.rng,
             reanalyze_count=int(lc.batch_size * rc.reanalyze_ratio),
         )
         out = self.learner.train_step(batch)
@@ -169,8 +183,12 @@ class DriverCore:
     # ------------------------------------------------------------------ evaluation and reports
 
     def should_eval(self, *, eval_at_start: bool = False) -> bool:
-        return schedule.should_eval(train_iter=self.train_iter, last_eval_iter=self.counters.last_eval_iter,
-                                    eval_freq=self.cfg.eval.eval_freq, eval_at_start=eval_at_start)
+        return schedule.should_eval(
+            train_iter=self.train_iter,
+            last_eval_iter=self.counters.last_eval_iter,
+            eval_freq=self.cfg.eval.eval_freq,
+            eval_at_start=eval_at_start,
+        )
 
     def base_metrics(self) -> dict:
         wall = self.wall_s()
@@ -194,8 +212,9 @@ class DriverCore:
     def progress(self, extra: dict | None = None) -> None:
         self.reporter.on_progress({**self.base_metrics(), **(extra or {})})
 
-    def record_eval(self, result: EvalResult, weights: dict, *, train_iter_at_launch: int, extra: dict | None = None
-                    ) -> dict:
+    def record_eval(
+        self, result: EvalResult, weights: dict, *, train_iter_at_launch: int, extra: dict | None = None
+    ) -> dict:
         """Report one evaluation of ``weights`` (the exact snapshot evaluated) with a checkpoint."""
         c = self.counters
         c.last_eval_iter = train_iter_at_launch
@@ -212,9 +231,12 @@ class DriverCore:
             "policy_version": result.policy_version,
             **(extra or {}),
         }
-        evaluated = {"weights": weights, "version": result.policy_version,
-                     "weights_digest": result.weights_digest,  # of the weights the evaluator used ("": sync)
-                     "metrics": {k: v for k, v in metrics.items() if isinstance(v, (int, float, str))}}
+        evaluated = {
+            "weights": weights,
+            "version": result.policy_version,
+            "weights_digest": result.weights_digest,  # of the weights the evaluator used ("": sync)
+            "metrics": {k: v for k, v in metrics.items() if isinstance(v, (int, float, str))},
+        }
         self.reporter.on_eval(metrics, evaluated, self.resume_state)
         return metrics
 
@@ -252,7 +274,8 @@ class DriverCore:
         # Without the buffer, training waits for fresh data so the first updates do not overfit a handful
         # of transitions (the reward collapse after resume reported for the reference system).
         self.min_transitions = schedule.resume_min_transitions(
-            batch_size=self.cfg.learn.batch_size, configured=self.cfg.learn.min_replay_transitions,
+            batch_size=self.cfg.learn.batch_size,
+            configured=self.cfg.learn.min_replay_transitions,
             resumed_without_buffer="buffer" not in state,
             warmup_transitions=self.cfg.learn.resume_warmup_transitions,
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+
 import gymnasium as gym
 import numpy as np
 import torch
@@ -44,7 +45,9 @@ class Evaluator:
         make = make or env_factory(cfg, evaluation=True)
         self.envs = [make(seed + i) for i in range(self.num_envs)]
 
-    def evaluate(self, model: torch.nn.Module, *, n_episodes: int | None = None, policy_version: int = -1) -> EvalResult:
+    def evaluate(
+        self, model: torch.nn.Module, *, n_episodes: int | None = None, policy_version: int = -1
+    ) -> EvalResult:
         t0 = time.perf_counter()
         n_episodes = n_episodes or self.cfg.eval.n_episodes
         rng = np.random.default_rng([self.seed, 104729])  # only used for ties when not deterministic
@@ -69,14 +72,16 @@ class Evaluator:
             start(i)
         while len(finished) < n_episodes:
             live = [i for i in range(self.num_envs) if frames[i] is not None]
-            obs = stack_frames(np.stack([np.stack(frames[i][-fs:]) for i in live]), frame_ndim=self.spec.frame_ndim)
+            obs = stack_frames(
+                np.stack([np.stack(frames[i][-fs:]) for i in live]), frame_ndim=self.spec.frame_ndim
+            )
             act = self.policy.act(model, obs, masks[live], explore=False, temperature=0.0, rng=rng)
             for j, i in enumerate(live):
                 frame, reward, terminated, truncated, info = self.envs[i].step(int(act.actions[j]))
                 envsteps += 1
                 returns[i] += float(reward)
                 lengths[i] += 1
-                frames[i] = frames[i][-(fs - 1):] + [np.asarray(frame)] if fs > 1 else [np.asarray(frame)]
+                frames[i] = frames[i][-(fs - 1) :] + [np.asarray(frame)] if fs > 1 else [np.asarray(frame)]
                 masks[i] = action_mask_from_info(info, self.spec.num_actions)
                 if terminated or truncated:
                     finished.append((float(returns[i]), int(lengths[i])))

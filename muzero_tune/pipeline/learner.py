@@ -49,7 +49,11 @@ def rng_state() -> dict:
     st = np.random.get_state()
     return {
         "torch": torch.get_rng_state(),
-        "numpy": {"key": torch.from_numpy(st[1].astype(np.int64)), "pos": int(st[2]), "gauss": [int(st[3]), float(st[4])]},
+        "numpy": {
+            "key": torch.from_numpy(st[1].astype(np.int64)),
+            "pos": int(st[2]),
+            "gauss": [int(st[3]), float(st[4])],
+        },
         "python": list(random.getstate()[1]),
         "python_version": int(random.getstate()[0]),
         "python_gauss": random.getstate()[2],
@@ -59,8 +63,13 @@ def rng_state() -> dict:
 def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     np.random.set_state(
-        ("MT19937", state["numpy"]["key"].numpy().astype(np.uint32), state["numpy"]["pos"],
-         state["numpy"]["gauss"][0], state["numpy"]["gauss"][1])
+        (
+            "MT19937",
+            state["numpy"]["key"].numpy().astype(np.uint32),
+            state["numpy"]["pos"],
+            state["numpy"]["gauss"][0],
+            state["numpy"]["gauss"][1],
+        )
     )
     random.setstate((state["python_version"], tuple(state["python"]), state["python_gauss"]))
 
@@ -88,8 +97,9 @@ class Learner:
         self.target_model.eval()
         params = self.model.parameters()
         if lc.optimizer == "sgd":
-            self.optimizer = torch.optim.SGD(params, lr=lc.learning_rate, momentum=lc.momentum,
-                                             weight_decay=lc.weight_decay)
+            self.optimizer = torch.optim.SGD(
+                params, lr=lc.learning_rate, momentum=lc.momentum, weight_decay=lc.weight_decay
+            )
         elif lc.optimizer == "adamw":
             self.optimizer = torch.optim.AdamW(params, lr=lc.learning_rate, weight_decay=lc.weight_decay)
         else:

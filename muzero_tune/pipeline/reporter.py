@@ -42,7 +42,9 @@ def format_progress(m: dict) -> str:
 class StandaloneReporter:
     """Writes ``<output_dir>/<exp_name>/{metrics.jsonl, ckpt/eval_NNNNNN.pt}`` and prints progress."""
 
-    def __init__(self, run_dir: str, *, flat_config: dict, progress_interval_s: float = 5.0, quiet: bool = False):
+    def __init__(
+        self, run_dir: str, *, flat_config: dict, progress_interval_s: float = 5.0, quiet: bool = False
+    ):
         self.run_dir = run_dir
         self.ckpt_dir = os.path.join(run_dir, "ckpt")
         os.makedirs(self.ckpt_dir, exist_ok=True)
@@ -68,11 +70,15 @@ class StandaloneReporter:
 
     def on_eval(self, metrics: dict, evaluated: dict, resume_state: Callable[[], dict]) -> None:
         self._last_reward = metrics.get("reward_mean")
-        self._metrics.write(json.dumps({k: v for k, v in metrics.items() if isinstance(v, (int, float, str))}) + "\n")
+        self._metrics.write(
+            json.dumps({k: v for k, v in metrics.items() if isinstance(v, (int, float, str))}) + "\n"
+        )
         self._metrics.flush()
         path = os.path.join(self.ckpt_dir, f"eval_{int(metrics['eval_index']):06d}.pt")
-        save_checkpoint(path, {"format": FORMAT, "config": self.flat_config, "evaluated": evaluated,
-                               "resume": resume_state()})
+        save_checkpoint(
+            path,
+            {"format": FORMAT, "config": self.flat_config, "evaluated": evaluated, "resume": resume_state()},
+        )
         self.checkpoints.append(path)
         self._print(metrics)
 

@@ -22,7 +22,9 @@ def can_train(
     return env_steps >= train_start_after_envsteps and num_transitions >= min_transitions
 
 
-def should_eval(*, train_iter: int, last_eval_iter: int | None, eval_freq: int, eval_at_start: bool = False) -> bool:
+def should_eval(
+    *, train_iter: int, last_eval_iter: int | None, eval_freq: int, eval_at_start: bool = False
+) -> bool:
     """Evaluate every ``eval_freq`` train steps; at train_iter 0 only with ``eval_at_start``.
 
     ``last_eval_iter`` is None before the first evaluation.
@@ -33,7 +35,11 @@ def should_eval(*, train_iter: int, last_eval_iter: int | None, eval_freq: int, 
 
 
 def should_publish(
-    *, current_version: int, last_published: int | None, weight_sync_interval: int, max_policy_lag: int,
+    *,
+    current_version: int,
+    last_published: int | None,
+    weight_sync_interval: int,
+    max_policy_lag: int,
     force: bool = False,
 ) -> bool:
     """Publish a new weights snapshot? (spec 2.3)
@@ -79,8 +85,9 @@ def reanalyze_plan(*, buffer_reanalyze_freq: float, update_per_collect: int) -> 
     return ReanalyzePlan(None, max(1, round(1.0 / f)))
 
 
-def resume_min_transitions(*, batch_size: int, configured: int | None, resumed_without_buffer: bool,
-                           warmup_transitions: int = 0) -> int:
+def resume_min_transitions(
+    *, batch_size: int, configured: int | None, resumed_without_buffer: bool, warmup_transitions: int = 0
+) -> int:
     """Real transitions needed before training: batch size (or configured), more after a bufferless resume."""
     base = configured or batch_size
     return max(base, warmup_transitions) if resumed_without_buffer else base

@@ -24,8 +24,12 @@ def run_dir(cfg: ExperimentConfig) -> str:
 def default_reporter(cfg: ExperimentConfig) -> StandaloneReporter:
     from muzero_tune.config import to_flat_dict
 
-    return StandaloneReporter(run_dir(cfg), flat_config=to_flat_dict(cfg),
-                              progress_interval_s=cfg.logging.progress_interval_s, quiet=cfg.logging.quiet)
+    return StandaloneReporter(
+        run_dir(cfg),
+        flat_config=to_flat_dict(cfg),
+        progress_interval_s=cfg.logging.progress_interval_s,
+        quiet=cfg.logging.quiet,
+    )
 
 
 def train_muzero_segment(
@@ -60,15 +64,20 @@ def train_muzero_segment(
         eval_model.load_state_dict(weights)
         core.policy.on_weights_loaded(eval_model)
         result = evaluator.evaluate(eval_model, policy_version=core.train_iter)
-        evals.append(core.record_eval(result, weights, train_iter_at_launch=core.train_iter,
-                                      extra={"pipeline": "sync"}))
+        evals.append(
+            core.record_eval(
+                result, weights, train_iter_at_launch=core.train_iter, extra={"pipeline": "sync"}
+            )
+        )
         timings["eval_s"] += time.perf_counter() - t0
         return core.reached_stop_value(result.reward_mean)
 
     try:
         if cfg.policy.async_pipeline.eval_at_start and core.counters.eval_index == 0 and evaluate():
             stop_reason = "stop_value"
-            return RunSummary(stop_reason, core.counters.env_steps, core.train_iter, evals, core.wall_s(), timings)
+            return RunSummary(
+                stop_reason, core.counters.env_steps, core.train_iter, evals, core.wall_s(), timings
+            )
         while True:
             if core.counters.env_steps >= cfg.max_env_step:
                 stop_reason = "max_env_step"
@@ -80,8 +89,11 @@ def train_muzero_segment(
                 stop_reason = "max_wall_s"
                 break
             t0 = time.perf_counter()
-            result = collector.collect(core.learner.model, temperature=visit_temperature(cfg, core.train_iter),
-                                       policy_version=core.train_iter)
+            result = collector.collect(
+                core.learner.model,
+                temperature=visit_temperature(cfg, core.train_iter),
+                policy_version=core.train_iter,
+            )
             budget = core.push_collect(result)
             t1 = time.perf_counter()
             timings["collect_s"] += t1 - t0
@@ -101,7 +113,10 @@ def train_muzero_segment(
             if core.should_eval() and evaluate():
                 stop_reason = "stop_value"
                 break
-        if core.counters.last_eval_iter != core.train_iter and stop_reason not in ("stop_value", "max_wall_s"):
+        if core.counters.last_eval_iter != core.train_iter and stop_reason not in (
+            "stop_value",
+            "max_wall_s",
+        ):
             if evaluate():
                 stop_reason = "stop_value"
     finally:
@@ -111,8 +126,9 @@ def train_muzero_segment(
     return RunSummary(stop_reason, core.counters.env_steps, core.train_iter, evals, core.wall_s(), timings)
 
 
-def train(cfg: ExperimentConfig, *, reporter: Reporter | None = None, resume_from: str | dict | None = None
-          ) -> RunSummary:
+def train(
+    cfg: ExperimentConfig, *, reporter: Reporter | None = None, resume_from: str | dict | None = None
+) -> RunSummary:
     """Run the pipeline the config selects: async when ``policy.async_pipeline.enabled``, else sync."""
     if cfg.policy.async_pipeline.enabled:
         from muzero_tune.pipeline.async_driver import train_muzero_segment_async

@@ -102,8 +102,10 @@ class Policy(ABC):
 
     # ---------------------------------------------------------------- hooks (called for every policy)
 
-    def on_weights_loaded(self, model: torch.nn.Module) -> None:
+    def on_weights_loaded(self, model: torch.nn.Module) -> None:  # noqa: B027 (optional hook)
         """Run in collectors/evaluators after they load a new snapshot (e.g. clear world-model caches)."""
 
-    def on_train_budget_done(self, model: torch.nn.Module, target_model: torch.nn.Module) -> None:
+    def on_train_budget_done(  # noqa: B027 (optional hook)
+        self, model: torch.nn.Module, target_model: torch.nn.Module
+    ) -> None:
         """Run by the driver after each completed train budget (one collect's worth of train steps)."""

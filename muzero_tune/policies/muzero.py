@@ -61,7 +61,10 @@ class MuZeroPolicy(Policy):
         )
         if mc.kind == "mlp":
             return build_network(
-                **common, latent_dim=mc.latent_dim, hidden_dim=mc.hidden_dim, num_hidden_layers=mc.num_hidden_layers
+                **common,
+                latent_dim=mc.latent_dim,
+                hidden_dim=mc.hidden_dim,
+                num_hidden_layers=mc.num_hidden_layers,
             )
         return build_network(
             **common, num_channels=mc.num_channels, num_res_blocks=mc.num_res_blocks, downsample=mc.downsample
@@ -77,8 +80,12 @@ class MuZeroPolicy(Policy):
         def fn(latent: torch.Tensor, actions: np.ndarray):
             out = model.recurrent_inference(latent, torch.as_tensor(actions, device=dev))
             # decoded in numba: per-op torch overhead would otherwise rival the network call
-            reward = logits_to_scalar_np(out.reward_logits.float().cpu().numpy(), support_size=model.reward_support_size)
-            value = logits_to_scalar_np(out.value_logits.float().cpu().numpy(), support_size=model.value_support_size)
+            reward = logits_to_scalar_np(
+                out.reward_logits.float().cpu().numpy(), support_size=model.reward_support_size
+            )
+            value = logits_to_scalar_np(
+                out.value_logits.float().cpu().numpy(), support_size=model.value_support_size
+            )
             return out.latent, reward, value, out.policy_logits.float().cpu().numpy()
 
         return fn
@@ -115,11 +122,17 @@ class MuZeroPolicy(Policy):
             "root_value": out.root_value.astype(np.float32),
             "legal_mask": np.asarray(legal_mask, dtype=bool),
         }
-        return ActOutput(actions=actions.astype(np.int64), step_stats=stats, root_value=out.root_value,
-                         predicted_value=predicted)
+        return ActOutput(
+            actions=actions.astype(np.int64),
+            step_stats=stats,
+            root_value=out.root_value,
+            predicted_value=predicted,
+        )
 
     def reanalyze(self, target_model, obs, legal_mask, rng) -> np.ndarray:
-        out, _ = self._search_roots(target_model, obs, legal_mask, add_noise=True, deterministic=False, rng=rng)
+        out, _ = self._search_roots(
+            target_model, obs, legal_mask, add_noise=True, deterministic=False, rng=rng
+        )
         return out.visit_distribution.astype(np.float32)
 
     # ---------------------------------------------------------------- targets
@@ -134,7 +147,9 @@ class MuZeroPolicy(Policy):
             vals = []
             for lo in range(0, len(obs), chunk):
                 root = model.initial_inference(torch.as_tensor(obs[lo : lo + chunk], device=dev))
-                vals.append(logits_to_scalar(root.value_logits.float(), support_size=model.value_support_size))
+                vals.append(
+                    logits_to_scalar(root.value_logits.float(), support_size=model.value_support_size)
+                )
             model.train(was_training)
             return torch.cat(vals).cpu().numpy()
 
@@ -167,12 +182,19 @@ class MuZeroPolicy(Policy):
         obs = torch.as_tensor(batch.obs, device=dev)
         actions = t(batch.actions, torch.long)
         tv, tr, tp = t(batch.target_value), t(batch.target_reward), t(batch.target_policy)
-        vmask, rmask, pmask, omask = t(batch.value_mask), t(batch.reward_mask), t(batch.policy_mask), t(batch.obs_mask)
+        vmask, rmask, pmask, omask = (
+            t(batch.value_mask),
+            t(batch.reward_mask),
+            t(batch.policy_mask),
+            t(batch.obs_mask),
+        )
         vs, rs = model.value_support_size, model.reward_support_size
         k_steps = batch.actions.shape[1]
 
         root = model.initial_inference(obs[:, 0])
-        value_loss = soft_cross_entropy(root.value_logits, scalar_to_target(tv[:, 0], support_size=vs)) * vmask[:, 0]
+        value_loss = (
+            soft_cross_entropy(root.value_logits, scalar_to_target(tv[:, 0], support_size=vs)) * vmask[:, 0]
+        )
         policy_loss = soft_cross_entropy(root.policy_logits, tp[:, 0]) * pmask[:, 0]
         reward_loss = torch.zeros_like(value_loss)
         ssl_loss = torch.zeros_like(value_loss)
@@ -181,11 +203,15 @@ class MuZeroPolicy(Policy):
         for k in range(1, k_steps + 1):
             rec = model.recurrent_inference(latent, actions[:, k - 1])
             latent = scale_gradient(rec.latent, 0.5)
-            step_v = soft_cross_entropy(rec.value_logits, scalar_to_target(tv[:, k], support_size=vs)) * vmask[:, k]
+            step_v = (
+                soft_cross_entropy(rec.value_logits, scalar_to_target(tv[:, k], support_size=vs))
+                * vmask[:, k]
+            )
             step_p = soft_cross_entropy(rec.policy_logits, tp[:, k]) * pmask[:, k]
-            step_r = soft_cross_entropy(
-                rec.reward_logits, scalar_to_target(tr[:, k - 1], support_size=rs)
-            ) * rmask[:, k - 1]
+            step_r = (
+                soft_cross_entropy(rec.reward_logits, scalar_to_target(tr[:, k - 1], support_size=rs))
+                * rmask[:, k - 1]
+            )
             value_loss = value_loss + step_v / k_steps
             policy_loss = policy_loss + step_p / k_steps
             reward_loss = reward_loss + step_r / k_steps

@@ -27,7 +27,8 @@ def check_policy_type(name: str) -> None:
         raise ConfigError("policy.type", name, f"allowed: {', '.join(POLICY_TYPES)}")
     if name not in _IMPLEMENTED:
         raise ConfigError(
-            "policy.type", name,
+            "policy.type",
+            name,
             f"policy type '{name}' is not implemented yet; implemented: {', '.join(_IMPLEMENTED)}",
         )
 

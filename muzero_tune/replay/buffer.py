@@ -133,7 +133,7 @@ class ReplayBuffer:
     # ------------------------------------------------------------------ mutation
 
     def push(self, segments: list[GameSegment]) -> int:
-        """Append segments (their real transitions become sampleable); evict to fit. Returns transitions added."""
+        """Append segments (real transitions become sampleable), evict to fit; returns transitions added."""
         added = 0
         for seg in segments:
             if seg.num_real <= 0:
@@ -199,7 +199,7 @@ class ReplayBuffer:
         n = self.num_transitions
         if not self.use_priority:
             return np.full(n, 1.0 / n)
-        p = self._priority.view ** self.alpha
+        p = self._priority.view**self.alpha
         return p / p.sum()
 
     def sample(self, batch_size: int, rng: np.random.Generator) -> SampledIndices:
@@ -216,7 +216,9 @@ class ReplayBuffer:
         self.clock += 1
         return SampledIndices(flat_index=flat, segments=segs, positions=pos, weights=w, make_time=self.clock)
 
-    def sample_oldest(self, count: int, partition: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    def sample_oldest(
+        self, count: int, partition: float, rng: np.random.Generator
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Uniform draw of ``count`` flat indices from the oldest ``partition`` fraction (buffer reanalyze).
 
         Returns (global segment index [count], position [count]).
@@ -235,10 +237,17 @@ class ReplayBuffer:
             segs.append(
                 {
                     "frames": s.frames.materialize() if isinstance(s.frames, FrameRef) else s.frames,
-                    "actions": s.actions, "rewards": s.rewards, "stats": dict(s.stats),
-                    "num_real": s.num_real, "frame_stack": s.frame_stack, "done": s.done,
-                    "terminal_at_end": s.terminal_at_end, "env_id": s.env_id, "episode_step0": s.episode_step0,
-                    "policy_version": s.policy_version, "stream_id": s.stream_id,
+                    "actions": s.actions,
+                    "rewards": s.rewards,
+                    "stats": dict(s.stats),
+                    "num_real": s.num_real,
+                    "frame_stack": s.frame_stack,
+                    "done": s.done,
+                    "terminal_at_end": s.terminal_at_end,
+                    "env_id": s.env_id,
+                    "episode_step0": s.episode_step0,
+                    "policy_version": s.policy_version,
+                    "stream_id": s.stream_id,
                     "episode_index": s.episode_index,
                 }
             )
@@ -255,8 +264,10 @@ class ReplayBuffer:
 
     def load_state_dict(self, state: dict) -> None:
         self.__init__(
-            capacity_transitions=self.capacity_transitions, use_priority=self.use_priority,
-            alpha=self.alpha, beta=self.beta,
+            capacity_transitions=self.capacity_transitions,
+            use_priority=self.use_priority,
+            alpha=self.alpha,
+            beta=self.beta,
         )
         segs = [GameSegment(**s) for s in state["segments"]]
         self.push(segs)

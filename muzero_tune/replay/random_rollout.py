@@ -12,25 +12,43 @@ from muzero_tune.envs import make_env
 from muzero_tune.replay.segment import GameSegment, SegmentBuilder
 
 
-def random_segments(env_id: str, *, steps: int, frame_stack: int, segment_length: int, pad_length: int,
-                    seed: int = 0, stream_id: str = "s0", max_episode_steps: int | None = None
-                    ) -> list[GameSegment]:
+def random_segments(
+    env_id: str,
+    *,
+    steps: int,
+    frame_stack: int,
+    segment_length: int,
+    pad_length: int,
+    seed: int = 0,
+    stream_id: str = "s0",
+    max_episode_steps: int | None = None,
+) -> list[GameSegment]:
     """Step one env ``steps`` times with random actions; return the segments completed."""
     env = make_env(env_id, seed=seed, max_episode_steps=max_episode_steps)
     rng = np.random.default_rng(seed)
-    builder = SegmentBuilder(segment_length=segment_length, pad_length=pad_length, frame_stack=frame_stack,
-                             stream_id=stream_id)
+    builder = SegmentBuilder(
+        segment_length=segment_length, pad_length=pad_length, frame_stack=frame_stack, stream_id=stream_id
+    )
     frame, _ = env.reset()
     builder.reset(np.asarray(frame))
     n_actions = int(env.action_space.n)
-    stats = {"child_visits": np.full(n_actions, 1.0 / n_actions, np.float32), "root_value": np.float32(0.0),
-             "legal_mask": np.ones(n_actions, bool)}
+    stats = {
+        "child_visits": np.full(n_actions, 1.0 / n_actions, np.float32),
+        "root_value": np.float32(0.0),
+        "legal_mask": np.ones(n_actions, bool),
+    }
     segs: list[GameSegment] = []
     for _ in range(steps):
         action = int(rng.integers(n_actions))
         frame, reward, term, trunc, _ = env.step(action)
-        segs += builder.step(action=action, reward=float(reward), next_frame=np.asarray(frame), stats=stats,
-                             terminated=term, truncated=trunc)
+        segs += builder.step(
+            action=action,
+            reward=float(reward),
+            next_frame=np.asarray(frame),
+            stats=stats,
+            terminated=term,
+            truncated=trunc,
+        )
         if term or trunc:
             frame, _ = env.reset()
             builder.reset(np.asarray(frame))

@@ -69,8 +69,9 @@ class SegmentBuilder:
     L + pad_length transitions from s (its padding is the true continuation), or when the episode ends.
     """
 
-    def __init__(self, *, segment_length: int, pad_length: int, frame_stack: int, env_id: int = 0,
-                 stream_id: str = ""):
+    def __init__(
+        self, *, segment_length: int, pad_length: int, frame_stack: int, env_id: int = 0, stream_id: str = ""
+    ):
         self.segment_length = segment_length
         self.pad_length = pad_length  # num_unroll_steps + td_steps
         self.frame_stack = frame_stack
@@ -130,9 +131,14 @@ class SegmentBuilder:
             # The episode may end exactly at this step: then this segment's data reaches the terminal state
             # (_emit sets terminal_at_end only when it takes the whole trace), and it is done iff it has no
             # padding.
-            out.append(self._emit(num_real=self.segment_length, num_stored=full,
-                                  done=ended and len(self._actions) == self.segment_length,
-                                  terminal=terminated))
+            out.append(
+                self._emit(
+                    num_real=self.segment_length,
+                    num_stored=full,
+                    done=ended and len(self._actions) == self.segment_length,
+                    terminal=terminated,
+                )
+            )
         if terminated or truncated:
             while self._actions:
                 n = len(self._actions)

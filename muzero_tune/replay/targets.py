@@ -4,7 +4,8 @@ reward and policy targets, and their validity masks.
 For a sample (segment, t) and unroll step k = 0..K, the unroll index is i = t + k; a segment stores M
 transitions (real + true-continuation padding) and observations 0..M.
 
-- value target z_i: with n = min(td_steps, M - i), z_i = sum_{j<n} gamma^j r_{i+j} + gamma^n v_target(o_{i+n}),
+- value target z_i: with n = min(td_steps, M - i),
+  z_i = sum_{j<n} gamma^j r_{i+j} + gamma^n v_target(o_{i+n}),
   the bootstrap term dropped when o_{i+n} is the terminal state. Past M: 0 if the data ended in a terminal
   state (absorbing), else unknown (masked out).
 - reward target for step k: r_{t+k}; past M: 0 if terminal, else masked.
@@ -96,8 +97,12 @@ def make_batch(
     k_steps, td = num_unroll_steps, td_steps
     bsz = len(sample.positions)
     if reanalyze_count > 0 and reanalyze_fn is not None:
-        reanalyze_positions(sample.segments[:reanalyze_count], sample.positions[:reanalyze_count],
-                            span=k_steps + 1, reanalyze_fn=reanalyze_fn)
+        reanalyze_positions(
+            sample.segments[:reanalyze_count],
+            sample.positions[:reanalyze_count],
+            span=k_steps + 1,
+            reanalyze_fn=reanalyze_fn,
+        )
 
     width = k_steps + td  # reward window: r_{t} .. r_{t+K+td-1}
     n_obs = k_steps + 1 if all_obs else 1
@@ -142,7 +147,7 @@ def make_batch(
         target_value = reward_sum.copy()
         target_value[boot_ok] += (discount ** n[boot_ok]) * values
     value_mask = in_data | terminal[:, None]
-    step_in_data = (i[:, :k_steps] < m)
+    step_in_data = i[:, :k_steps] < m
     reward_mask = step_in_data | terminal[:, None]
     return TrainBatch(
         obs=np.ascontiguousarray(all_frames[:, :n_obs]),
