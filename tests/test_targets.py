@@ -335,3 +335,20 @@ def test_reanalyze_writes_back_and_is_the_target():
             else:
                 assert batch.policy_mask[b, k] == 0
     assert not np.allclose(batch.target_policy[0, 0], before[0][2])
+
+
+def test_extra_stats_are_gathered_per_unroll_step():
+    rng = np.random.default_rng(5)
+    segs = [random_segment(rng, 1) for _ in range(6)]
+    for s in segs:
+        s.stats["improved_policy"] = rng.random((s.num_stored, 3)).astype(np.float32)
+    positions = [int(rng.integers(s.num_real)) for s in segs]
+    batch = make_batch(sample_of(segs, positions), num_unroll_steps=4, td_steps=3, discount=0.9, num_actions=3,
+                       value_fn=lambda o: np.zeros(len(o)), rng=rng, extra_stats=("improved_policy",))
+    got = batch.extras["improved_policy"]
+    assert got.shape == (6, 5, 3)
+    for b, (s, t) in enumerate(zip(segs, positions)):
+        for k in range(5):
+            want = s.stats["improved_policy"][t + k] if t + k < s.num_stored else np.zeros(3)
+            np.testing.assert_array_equal(got[b, k], want)
+            assert batch.policy_mask[b, k] == float(t + k < s.num_stored)

@@ -93,6 +93,8 @@ class SegmentCollector:
         self._returns = np.zeros(self.num_envs)
         self._lengths = np.zeros(self.num_envs, dtype=np.int64)
         self.total_envsteps = 0
+        self._act_state = policy.initial_act_state(self.num_envs)
+        self._env_index = np.arange(self.num_envs)
         for i in range(self.num_envs):
             self._reset_env(i)
 
@@ -102,6 +104,7 @@ class SegmentCollector:
         self._masks[i] = action_mask_from_info(info, self.spec.num_actions)
         self._returns[i] = 0.0
         self._lengths[i] = 0
+        self._act_state = self.policy.reset_act_state(self._act_state, i)
 
     def collect(
         self,
@@ -126,8 +129,10 @@ class SegmentCollector:
             )
             ts = time.perf_counter()
             act = self.policy.act(
-                model, obs, self._masks, explore=True, temperature=temperature, rng=self.rng
+                model, obs, self._masks, explore=True, temperature=temperature, rng=self.rng,
+                state=self._act_state, env_index=self._env_index,
             )
+            self._act_state = act.state
             search_s += time.perf_counter() - ts
             for i, env in enumerate(self.envs):
                 a = int(act.actions[i])

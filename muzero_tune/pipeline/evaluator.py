@@ -60,11 +60,15 @@ class Evaluator:
         envsteps = 0
         fs = self.spec.frame_stack
 
+        act_state = self.policy.initial_act_state(self.num_envs)
+
         def start(i: int) -> None:
             nonlocal started
             frame, info = self.envs[i].reset(seed=self.seed + started)
             started += 1
             frames[i] = [np.asarray(frame)] * fs
+            nonlocal act_state
+            act_state = self.policy.reset_act_state(act_state, i)
             masks[i] = action_mask_from_info(info, self.spec.num_actions)
             returns[i], lengths[i] = 0.0, 0
 
@@ -75,7 +79,9 @@ class Evaluator:
             obs = stack_frames(
                 np.stack([np.stack(frames[i][-fs:]) for i in live]), frame_ndim=self.spec.frame_ndim
             )
-            act = self.policy.act(model, obs, masks[live], explore=False, temperature=0.0, rng=rng)
+            act = self.policy.act(model, obs, masks[live], explore=False, temperature=0.0, rng=rng,
+                                  state=act_state, env_index=np.asarray(live))
+            act_state = act.state
             for j, i in enumerate(live):
                 frame, reward, terminated, truncated, info = self.envs[i].step(int(act.actions[j]))
                 envsteps += 1

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -33,6 +33,7 @@ class ActOutput:
     step_stats: dict[str, np.ndarray]  # name -> [B, ...]: stored with the transition in its segment
     root_value: np.ndarray  # [B] float32, searched value of the root
     predicted_value: np.ndarray  # [B] float32, the network's value of the root
+    state: Any = None  # the policy's per-env acting state after this step (recurrent / context types)
 
 
 @dataclass(frozen=True)
@@ -70,8 +71,23 @@ class Policy(ABC):
         explore: bool,
         temperature: float,
         rng: np.random.Generator,
+        state: Any = None,
+        env_index: np.ndarray | None = None,
     ) -> ActOutput:
-        """Search from each observation and pick actions (explore: root noise + sampling)."""
+        """Search from each observation and pick actions (explore: root noise + sampling).
+
+        ``state`` is this policy's acting state for all of its caller's envs (from
+        :meth:`initial_act_state`); ``env_index`` [B] says which env each batch row is. Stateless policies
+        ignore both and return ``state=None``.
+        """
+
+    def initial_act_state(self, num_envs: int) -> Any:
+        """Per-env acting state carried across steps (e.g. a recurrent history); None when stateless."""
+        return None
+
+    def reset_act_state(self, state: Any, env_index: int) -> Any:
+        """Reset one env's acting state at an episode start."""
+        return state
 
     def step_stat_names(self) -> tuple[str, ...]:
         """Names of the per-step arrays this policy stores in segments."""

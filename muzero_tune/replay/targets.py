@@ -85,6 +85,7 @@ def make_batch(
     all_obs: bool = True,
     reanalyze_count: int = 0,
     reanalyze_fn: ReanalyzeFn | None = None,
+    extra_stats: tuple[str, ...] = (),
 ) -> TrainBatch:
     """Build the targets of a prioritized sample (vectorised over the batch; :func:`n_step_targets` is the
     per-element definition it must agree with).
@@ -92,7 +93,9 @@ def make_batch(
     ``all_obs``: gather stacked observations for every unroll step (needed by the SSL loss), else only
     k = 0. ``reanalyze_count``: the first that many samples get fresh policy targets from
     ``reanalyze_fn`` (a search with the target model), written back into their segments' stored
-    ``child_visits``.
+    ``child_visits``. ``extra_stats``: names of further per-step statistics (e.g. a Gumbel improved
+    policy, chance codes) gathered at t..t+K into ``extras[name]`` [B, K+1, ...], zero past the stored data
+    (``policy_mask`` says where they are real).
     """
     k_steps, td = num_unroll_steps, td_steps
     bsz = len(sample.positions)
@@ -124,6 +127,10 @@ def make_batch(
     fs = segs[0].frame_stack
     window = np.arange(fs)
     gathered = []
+    extras = {
+        name: np.zeros((bsz, k_steps + 1, *segs[0].stats[name].shape[1:]), dtype=segs[0].stats[name].dtype)
+        for name in extra_stats
+    }
     for b, seg in enumerate(segs):
         t = int(t_pos[b])
         r = seg.rewards[t : t + width]
@@ -132,6 +139,9 @@ def make_batch(
         actions[b, : len(a)] = a
         p = seg.stats["child_visits"][t : t + k_steps + 1]
         target_policy[b, : len(p)] = p
+        for name, arr in extras.items():
+            x = seg.stats[name][t : t + k_steps + 1]
+            arr[b, : len(x)] = x
         gathered.append(seg.frames[gather[b][:, None] + window])  # [n_obs + K+1, fs, *frame_shape]
     frame_ndim = segs[0].frames.ndim - 1
     all_frames = stack_frames(np.stack(gathered), frame_ndim=frame_ndim)  # [B, n_obs + K+1, *obs_shape]
@@ -162,6 +172,7 @@ def make_batch(
         weights=sample.weights,
         flat_index=sample.flat_index,
         make_time=sample.make_time,
+        extras=extras,
     )
 
 
