@@ -1,10 +1,12 @@
-"""CartPole-v1 MuZero learning check (slow; not in the default tests).
+"""CartPole-v1 learning check (slow; not in the default tests).
 
-For each seed, trains the ``cartpole_muzero`` preset with the sync pipeline until eval reward_mean >= 195
+For each seed, trains a CartPole preset (``--preset``, default ``cartpole_muzero``; any ``cartpole_<type>``
+works) with the sync pipeline until eval reward_mean >= 195
 over 8 episodes, and prints env steps and wall seconds to get there. Target on a 2-core machine: every
 seed within 30k env steps and 10 minutes.
 
     python scripts/learning_curve.py --seeds 0 1 2
+    python scripts/learning_curve.py --preset cartpole_efficientzero --seeds 0
 """
 
 from __future__ import annotations
@@ -18,12 +20,12 @@ from muzero_tune.pipeline.reporter import MemoryReporter
 from muzero_tune.pipeline.sync_driver import train_muzero_segment
 
 
-def run_seed(seed: int, overrides: dict, output_dir: str) -> dict:
+def run_seed(seed: int, overrides: dict, output_dir: str, preset: str = "cartpole_muzero") -> dict:
     cfg = make_config(
-        "cartpole_muzero",
+        preset,
         overrides={
             "seed": seed,
-            "exp_name": f"learning_curve_seed{seed}",
+            "exp_name": f"learning_curve_{preset}_seed{seed}",
             "logging.output_dir": output_dir,
             "logging.quiet": True,
             **overrides,
@@ -45,13 +47,14 @@ def run_seed(seed: int, overrides: dict, output_dir: str) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", default="cartpole_muzero")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
     p.add_argument("--output-dir", default="runs/learning_curve")
     args = p.parse_args(argv)
     rows = []
     for seed in args.seeds:
-        row = run_seed(seed, parse_set_args(args.overrides), args.output_dir)
+        row = run_seed(seed, parse_set_args(args.overrides), args.output_dir, args.preset)
         rows.append(row)
         print(json.dumps(row), flush=True)
     print("\nseed  solved  env_steps_to_195  wall_s_to_195")
