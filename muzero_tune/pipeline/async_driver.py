@@ -435,6 +435,8 @@ class AsyncDriver:
         if reason not in ("stop_value", "max_wall_s") and self.core.counters.last_eval_iter != self.core.train_iter:
             self.last_eval_launch = None
             self._maybe_launch_eval(force=True)
+            # its own timeout: a hung evaluation above (and its restart) may have used up the first one
+            deadline = time.monotonic() + self.ap.eval_timeout_s
             while self.evals and time.monotonic() < deadline:
                 self.process_completed(self.ap.poll_interval_s)
 

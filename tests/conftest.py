@@ -1,0 +1,182 @@
+"""Shared fixtures: one Ray cluster per test session (``ray.init`` costs 6-9 s on this machine) and a helper
+that runs a tiny async CartPole run and records what the driver saw.
+
+Tests that need Ray request ``ray_cluster`` (or ``run_async``, which depends on it); the others never start
+Ray. The environment variables below are set at import so any Ray started anywhere in the session inherits
+them (no usage stats, no token auth).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+os.environ["RAY_AUTH_MODE"] = "disabled"
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+# every async run in the tests: tiny networks and searches, short segments, no early stop
+ASYNC_SMALL = {
+    "model.hidden_dim": 32, "model.latent_dim": 16, "mcts.num_simulations": 4, "learn.batch_size": 32,
+    "env.collector_env_num": 4, "env.evaluator_env_num": 2, "eval.n_episodes": 2, "eval.eval_freq": 20,
+    "replay.game_segment_length": 20, "max_env_step": 400, "stop_value": None, "logging.quiet": True,
+    "policy.async_pipeline.enabled": True, "policy.async_pipeline.actor_restart_delay_s": 0.1,
+}
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A local Ray instance with 8 logical CPUs (the real work still runs on the machine's cores)."""
+    import ray
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
+    yield ray
+    if started:
+        ray.shutdown()
+
+
+class DriverProbe(list):
+    """A ``driver_out`` list that instruments the driver appended to it.
+
+    It records every collect result (actor id, version, digest, env steps, transitions) and every eval
+    result the driver handles, and pings every actor incarnation right after it is spawned, so the pids of
+    restarted actors are known too.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.collects: list[dict] = []
+        self.evals: list[dict] = []
+        self.pings: list[Any] = []
+
+    def append(self, driver) -> None:  # type: ignore[override]
+        super().append(driver)
+        on_collect, on_eval, spawn = driver._on_collect, driver._on_eval, driver._spawn
+
+        def _on_collect(launch, result):
+            self.collects.append({
+                "actor_id": result.actor_id, "slot": launch.slot.index, "version": result.policy_version,
+                "launch_version": launch.version, "digest": result.weights_digest,
+                "envstep_delta": result.envstep_delta, "real_transitions": result.real_transitions,
+                "duration_s": result.duration_s,
+            })
+            on_collect(launch, result)
+
+        def _on_eval(launch, result):
+            self.evals.append({"actor_id": result.actor_id, "version": result.policy_version,
+                               "digest": result.weights_digest, "duration_s": result.duration_s})
+            on_eval(launch, result)
+
+        def _spawn(slot):
+            spawn(slot)
+            self.pings.append(slot.handle.ping.remote())
+
+        driver._on_collect, driver._on_eval, driver._spawn = _on_collect, _on_eval, _spawn
+
+    @property
+    def driver(self):
+        return self[0]
+
+    def actor_pings(self) -> list[dict]:
+        """The ping of every actor incarnation that came up (killed ones included: their reply is kept)."""
+        import ray
+
+        out = []
+        for ref in self.pings:
+            try:
+                out.append(ray.get(ref, timeout=10))
+            except Exception:  # killed before it answered: it never ran a task
+                pass
+        return out
+
+
+@dataclass
+class AsyncRun:
+    cfg: Any
+    summary: Any
+    probe: DriverProbe
+    reporter: Any
+    run_dir: str
+    error: BaseException | None = None
+    wall_s: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def driver(self):
+        return self.probe.driver
+
+    @property
+    def stats(self):
+        return self.probe.driver.stats
+
+
+def _async_config(out_dir, overrides: dict | None = None, *, exp_name: str = "async"):
+    from muzero_tune.config import make_config
+
+    return make_config("cartpole_muzero", overrides={
+        **ASYNC_SMALL, "logging.output_dir": str(out_dir), "exp_name": exp_name, **(overrides or {})})
+
+
+@pytest.fixture(scope="session")
+def async_small() -> dict:
+    """The overrides every tiny async run uses (a copy)."""
+    return dict(ASYNC_SMALL)
+
+
+@pytest.fixture(scope="session")
+def async_config():
+    """``async_config(out_dir, overrides, exp_name=...) -> ExperimentConfig``: the tiny async run's config."""
+    return _async_config
+
+
+def _run_async(out_dir, overrides: dict | None = None, *, fault=None, standalone: bool = False,
+               exp_name: str = "async", expect_error: type[BaseException] | None = None) -> AsyncRun:
+    from muzero_tune.pipeline.async_driver import train_muzero_segment_async
+    from muzero_tune.pipeline.reporter import MemoryReporter
+
+    cfg = _async_config(out_dir, overrides, exp_name=exp_name)
+    reporter = None if standalone else MemoryReporter()
+    probe = DriverProbe()
+    summary, error = None, None
+    t0 = time.monotonic()
+    if expect_error is None:
+        summary = train_muzero_segment_async(cfg, reporter=reporter, driver_out=probe, fault=fault)
+    else:
+        with pytest.raises(expect_error) as info:
+            train_muzero_segment_async(cfg, reporter=reporter, driver_out=probe, fault=fault)
+        error = info.value
+    return AsyncRun(cfg, summary, probe, reporter, os.path.join(str(out_dir), exp_name), error,
+                    time.monotonic() - t0)
+
+
+@pytest.fixture(scope="session")
+def run_async(ray_cluster):
+    """``run_async(out_dir, overrides, fault=..., standalone=..., expect_error=...) -> AsyncRun``."""
+    return _run_async
+
+
+def pids_still_alive(pids, grace_s: float = 15.0) -> set[int]:
+    """The pids that still exist after up to ``grace_s`` seconds (``os.kill(pid, 0)`` succeeds)."""
+    alive = set(pids)
+    deadline = time.monotonic() + grace_s
+    while True:
+        for pid in list(alive):
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                alive.discard(pid)
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="session")
+def alive_after():
+    """``alive_after(pids, grace_s=15) -> set``: pids still running after the grace period."""
+    return pids_still_alive

@@ -1,0 +1,295 @@
+"""Integration: the async pipeline (Ray collector/evaluator actors) on tiny CartPole runs.
+
+One Ray cluster serves the whole session (``ray_cluster`` in conftest). Every assertion is on an invariant
+of the run (counts, bounds, equalities), never on timing beyond generous upper bounds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from muzero_tune.pipeline.messages import weights_digest
+from muzero_tune.pipeline.reporter import MemoryReporter
+
+AP = "policy.async_pipeline."
+
+
+def _pg_state(ray, pg) -> str:
+    return ray.util.placement_group_table(pg)["state"]
+
+
+def _ckpts(run_dir: str) -> list[str]:
+    d = os.path.join(run_dir, "ckpt")
+    return [os.path.join(d, f) for f in sorted(os.listdir(d)) if f.startswith("eval_") and f.endswith(".pt")]
+
+
+# ---------------------------------------------------------------------------------------------- the basic run
+
+
+@pytest.fixture(scope="module")
+def basic(run_async, tmp_path_factory):
+    """2 collectors, 1 evaluator, other keys at their defaults; the standalone reporter writes checkpoints."""
+    return run_async(tmp_path_factory.mktemp("basic"), {AP + "num_collector_actors": 2}, standalone=True,
+                     exp_name="basic")
+
+
+def test_run_completes_trains_evaluates_and_writes_evaluated_snapshot(basic):
+    s = basic.summary
+    assert s.stop_reason == "max_env_step" and s.env_steps >= 400
+    assert s.train_iter > 0
+    assert len(s.evals) >= 1 and all(row["pipeline"] == "async" for row in s.evals)
+    files = _ckpts(basic.run_dir)
+    assert len(files) == len(s.evals)
+    for path, row in zip(files, s.evals):
+        ckpt = torch.load(path, weights_only=True)
+        assert ckpt["evaluated"]["version"] == row["policy_version"] <= s.train_iter
+        assert ckpt["evaluated"]["metrics"]["reward_mean"] == pytest.approx(row["reward_mean"])
+    last = torch.load(files[-1], weights_only=True)
+    assert last["evaluated"]["version"] == s.train_iter  # the final weights are evaluated once at the end
+    rows = [json.loads(line) for line in open(os.path.join(basic.run_dir, "metrics.jsonl"))]
+    assert [r["pipeline"] for r in rows] == ["async"] * len(s.evals)
+
+
+def test_buffer_and_env_steps_equal_the_results_received(basic):
+    d, st, rec = basic.driver, basic.stats, basic.probe.collects
+    assert st.results == len(rec) == d.core.counters.collects > 0
+    real = sum(r["real_transitions"] for r in rec)
+    assert d.core.buffer.pushed_transitions == st.result_transitions == real
+    assert d.core.counters.env_steps == basic.summary.env_steps == sum(r["envstep_delta"] for r in rec)
+    assert st.dropped_collects == st.collector_restarts == st.evaluator_restarts == 0
+
+
+def test_collectors_and_evaluators_use_the_published_weights_bit_for_bit(basic):
+    d, st = basic.driver, basic.stats
+    assert st.digest_mismatches == 0
+    for r in basic.probe.collects:
+        assert r["digest"] and r["digest"] == d.digests[r["version"]]
+        assert r["version"] == r["launch_version"]  # the version fixed at launch is the one reported
+    assert basic.probe.evals
+    for r in basic.probe.evals:
+        assert r["digest"] and r["digest"] == d.digests[r["version"]]
+    for path in _ckpts(basic.run_dir):  # the checkpoint holds exactly the evaluated weights
+        ev = torch.load(path, weights_only=True)["evaluated"]
+        assert weights_digest(ev["weights"]) == d.digests[ev["version"]]
+
+
+def test_actor_counts_placement_and_cleanup(basic, ray_cluster, alive_after):
+    ray, d = ray_cluster, basic.driver
+    pg = d.placement.placement_group
+    pids = {a["pid"] for a in d.actor_info}
+    assert len(pids) == 3 and os.getpid() not in pids  # num_collector_actors=2 + num_evaluator_actors=1
+    assert sorted((a["actor_id"]) for a in d.actor_info) == [0, 0, 1]
+    assert {r["actor_id"] for r in basic.probe.collects} == {0, 1}  # results from every collector
+    assert {r["slot"] for r in basic.probe.collects} == {0, 1}
+    assert all(a["placement_group_id"] == pg.id.hex() for a in d.actor_info)
+    assert ray.util.placement_group_table(pg)["bundles"] == {i: {"CPU": 1.0} for i in range(4)}
+    assert _pg_state(ray, pg) == "REMOVED"
+    assert not alive_after(pids)
+
+
+def test_defaults_max_collect_inflight_policy_lag_and_stats_interval(basic):
+    st, s = basic.stats, basic.summary
+    assert st.max_collects_inflight == 2  # max_collect_inflight None -> num_collector_actors
+    assert st.launch_lags and set(st.launch_lags) == {0}  # max_policy_lag 0: every launch sees the latest
+    assert st.max_chunk_steps == 4  # max_train_chunk_steps default
+    assert st.max_evals_inflight == 1
+    assert st.eval_launch_iters[0] > 0  # no eval_at_start
+    # the default budget cap (2 x 2 collectors); collects in flight may each add one budget past it
+    assert st.max_budget_queue <= 4 + 2 - 1
+    assert s.train_iter > 0
+
+
+# ------------------------------------------------------------------------------------------ weight publishing
+
+
+def test_no_collect_launched_beyond_max_policy_lag_and_cpu_bundles(run_async, tmp_path, ray_cluster):
+    run = run_async(tmp_path, {
+        AP + "num_collector_actors": 2, AP + "max_policy_lag": 2, AP + "weight_sync_interval": 1000,
+        AP + "collector_num_cpus": 0.5, AP + "evaluator_num_cpus": 0.25, AP + "max_train_chunk_steps": 3,
+        # once trainable, a launch waits for an empty budget queue, so the learner is ahead by then
+        AP + "max_train_budget_queue_size": 1,
+    })
+    st = run.stats
+    assert run.summary.stop_reason == "max_env_step"
+    assert st.launch_lags and max(st.launch_lags) <= 2
+    assert st.publishes > 1 and st.publishes == len(st.publish_versions)
+    # with the interval out of reach, each publish was forced by the lag rule: more than 2 versions apart
+    assert all(b - a > 2 for a, b in zip(st.publish_versions, st.publish_versions[1:]))
+    # max_train_chunk_steps
+    assert st.max_chunk_steps == 3
+    # collector_num_cpus / evaluator_num_cpus: the placement group's bundles carry those amounts
+    pg = run.driver.placement.placement_group
+    assert ray_cluster.util.placement_group_table(pg)["bundles"] == {
+        0: {"CPU": 1.0}, 1: {"CPU": 0.5}, 2: {"CPU": 0.5}, 3: {"CPU": 0.25}}
+    assert _pg_state(ray_cluster, pg) == "REMOVED"
+
+
+def test_lag_rule_off_publishes_once_and_collect_inflight_and_budget_cap(run_async, tmp_path):
+    run = run_async(tmp_path, {
+        AP + "num_collector_actors": 2, AP + "max_collect_inflight": 1, AP + "max_policy_lag": -1,
+        AP + "weight_sync_interval": 1000, AP + "max_train_budget_queue_size": 1,
+    })
+    st = run.stats
+    assert run.summary.stop_reason == "max_env_step" and run.summary.train_iter > 0
+    assert st.publishes == 1 and st.publish_versions == [0]
+    assert max(st.launch_lags) > 0  # collects were launched on stale weights: no lag rule
+    assert all(r["version"] == 0 for r in run.probe.collects)
+    assert st.max_collects_inflight == 1  # 2 collectors, max_collect_inflight=1
+    assert st.max_budget_queue <= 1  # max_train_budget_queue_size=1 (one collect in flight at a time)
+    # buffer_stats_interval=100 (default): at most one stats row per 100 train steps besides idle-wait rows
+    assert len(run.reporter.progress) - st.idle_waits <= run.summary.train_iter // 100
+
+
+def test_weight_sync_interval_spaces_publishes(run_async, tmp_path):
+    run = run_async(tmp_path, {
+        AP + "max_policy_lag": -1, AP + "weight_sync_interval": 10, AP + "max_train_budget_queue_size": 1,
+    })
+    st = run.stats
+    # a launch publishes as soon as the learner is 10 versions ahead, never sooner
+    assert st.publishes >= 2
+    assert all(b - a >= 10 for a, b in zip(st.publish_versions, st.publish_versions[1:]))
+    assert max(st.launch_lags) < 10
+    assert st.max_budget_queue <= 1
+
+
+# ---------------------------------------------------------------------------------------------- other keys
+
+
+def test_evaluators_eval_at_start_stats_interval_and_chunk(run_async, tmp_path, alive_after):
+    run = run_async(tmp_path, {
+        AP + "num_evaluator_actors": 2, AP + "max_eval_inflight": 1, AP + "eval_at_start": True,
+        AP + "buffer_stats_interval": 5, AP + "max_train_chunk_steps": 1, "eval.eval_freq": 10,
+    })
+    st, rep, s = run.stats, run.reporter, run.summary
+    why = f"{st} train_iter={s.train_iter} progress_rows={len(rep.progress)}"  # shown if an assert fails
+    # num_evaluator_actors=2 (+1 collector): three processes, and both evaluators evaluated
+    pids = {a["pid"] for a in run.driver.actor_info}
+    assert len(pids) == 3
+    assert {r["actor_id"] for r in run.probe.evals} == {0, 1}, why
+    # max_eval_inflight=1 although two evaluators are free
+    assert st.max_evals_inflight == 1 and len(st.eval_launch_iters) >= 2, why
+    # eval_at_start: the first evaluation is launched at train_iter 0, on the initial weights
+    assert st.eval_launch_iters[0] == 0 and rep.evals[0]["policy_version"] == 0, why
+    # max_train_chunk_steps=1
+    assert st.max_chunk_steps == 1, why
+    # buffer_stats_interval=5 with 1-step chunks: one stats row at every multiple of 5, plus one per idle wait
+    assert s.train_iter >= 20, why
+    assert len(rep.progress) == st.idle_waits + s.train_iter // 5, why
+    iters = {row["train_iter"] for row in rep.progress}
+    assert all(k in iters for k in range(5, s.train_iter + 1, 5)), why
+    assert not alive_after(pids)
+
+
+def test_poll_interval_s_is_the_idle_wait(tmp_path, async_config):
+    from muzero_tune.pipeline.async_driver import AsyncDriver
+
+    took = {}
+    for poll in (0.05, 1.0):
+        d = AsyncDriver(async_config(tmp_path, {AP + "poll_interval_s": poll}), MemoryReporter())
+        t0 = time.monotonic()
+        d._wait_any(d.ap.poll_interval_s)  # no actors: nothing pending, so it sleeps the whole interval
+        took[poll] = time.monotonic() - t0
+        assert took[poll] >= poll
+        assert d.stats.idle_waits == 1 and d.stats.learner_idle_s == pytest.approx(took[poll], abs=0.2)
+    assert took[0.05] < 1.0 <= took[1.0] < 3.0
+
+
+def test_enabled_dispatches_to_the_async_driver(ray_cluster, tmp_path, capsys, async_config, async_small):
+    from muzero_tune.cli import main as cli_main
+    from muzero_tune.pipeline.sync_driver import train
+
+    small = {k: v for k, v in async_small.items() if k != AP + "enabled"}
+    args = ["train", "--async-pipeline"]  # the CLI flag sets policy.async_pipeline.enabled
+    for k, v in {**small, "max_env_step": 200, "logging.output_dir": tmp_path, "exp_name": "cli"}.items():
+        args += ["--set", f"{k}={'none' if v is None else v}"]
+    assert cli_main(args) == 0
+    assert "stopped (max_env_step)" in capsys.readouterr().out
+    rows = [json.loads(line) for line in open(os.path.join(tmp_path, "cli", "metrics.jsonl"))]
+    assert rows and all(r["pipeline"] == "async" for r in rows)
+    # and without the flag the same entry point runs the sync driver
+    cfg = async_config(tmp_path, {"max_env_step": 100, AP + "enabled": False}, exp_name="sync")
+    rep = MemoryReporter()
+    train(cfg, reporter=rep)
+    assert rep.evals and all(r["pipeline"] == "sync" for r in rep.evals)
+
+
+@pytest.mark.parametrize("kind", ["collector", "evaluator"])
+def test_num_gpus_cannot_be_placed_on_a_cpu_cluster(kind, ray_cluster, tmp_path, async_config):
+    from muzero_tune.pipeline.async_driver import train_muzero_segment_async
+    from muzero_tune.pipeline.placement import PlacementError
+
+    cfg = async_config(tmp_path, {AP + f"{kind}_num_gpus": 0.5, AP + "actor_start_timeout_s": 3})
+    out: list = []
+    t0 = time.monotonic()
+    with pytest.raises(PlacementError) as info:
+        train_muzero_segment_async(cfg, reporter=MemoryReporter(), driver_out=out)
+    took = time.monotonic() - t0
+    msg = str(info.value)
+    assert "GPU" in msg and "num_gpus" in msg and "policy.async_pipeline" in msg
+    assert "'GPU': 0.5" in msg  # the bundle that asked for it
+    assert 3 <= took < 3 + 20  # it waited actor_start_timeout_s, then failed (Ray alone would wait forever)
+    gpu_groups = [t for t in ray_cluster.util.placement_group_table().values()
+                  if any("GPU" in b for b in t["bundles"].values())]
+    assert gpu_groups and all(t["state"] == "REMOVED" for t in gpu_groups)  # the unplaceable group is gone
+
+
+def test_shutdown_timeout_s_bounds_closing_hung_actors(ray_cluster, tmp_path, alive_after, async_config):
+    from muzero_tune.envs.faults import FaultSpec
+    from muzero_tune.pipeline.async_driver import AsyncDriver
+    from muzero_tune.pipeline.placement import standalone_placement
+
+    ray = ray_cluster
+    timeout = 2.0
+    cfg = async_config(tmp_path, {AP + "shutdown_timeout_s": timeout})
+    d = AsyncDriver(cfg, MemoryReporter(), fault=FaultSpec("collector", (0,), 1, 10**9, "hang"))
+    d.placement = standalone_placement(cfg, learner_on_gpu=False, timeout_s=30)
+    try:
+        d.start_actors()
+        d._maybe_launch_collects()
+        (ref,) = list(d.collects)
+        assert not ray.wait([ref], timeout=1.0)[0]  # the collect hangs in env.step
+    finally:
+        t0 = time.monotonic()
+        d.shutdown()
+        took = time.monotonic() - t0
+    pids = [a["pid"] for a in d.actor_info]
+    assert timeout - 0.1 <= took < timeout + 10  # close() queued behind the hung collect: waited, then killed
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(ref, timeout=30)
+    assert _pg_state(ray, d.placement.placement_group) == "REMOVED"
+    assert not alive_after(pids)
+
+
+def test_ray_local_mode_runs_actors_in_the_driver_process(tmp_path, async_small):
+    overrides = {**async_small, "max_env_step": 200, "logging.output_dir": str(tmp_path),
+                 AP + "ray_local_mode": True}
+    code = (
+        "import json, os, sys\n"
+        "from muzero_tune.config import make_config\n"
+        "from muzero_tune.pipeline.async_driver import train_muzero_segment_async\n"
+        "from muzero_tune.pipeline.reporter import MemoryReporter\n"
+        f"cfg = make_config('cartpole_muzero', overrides={overrides!r})\n"
+        "out = []\n"
+        "s = train_muzero_segment_async(cfg, reporter=MemoryReporter(), driver_out=out)\n"
+        "import ray\n"
+        "st = out[0].stats\n"
+        "print(json.dumps({'pid': os.getpid(), 'actors': out[0].actor_info, 'stop': s.stop_reason,\n"
+        "                  'evals': len(s.evals), 'train_iter': s.train_iter,\n"
+        "                  'ray_up': ray.is_initialized(), 'mismatches': st.digest_mismatches,\n"
+        "                  'results': st.results}))\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["stop"] == "max_env_step" and out["train_iter"] > 0 and out["evals"] >= 1
+    assert len(out["actors"]) == 2 and all(a["pid"] == out["pid"] for a in out["actors"])
+    assert all(a["placement_group_id"] is None for a in out["actors"])
+    assert out["ray_up"] is False  # no Ray instance at all
+    assert out["results"] > 0 and out["mismatches"] == 0
