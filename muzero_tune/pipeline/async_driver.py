@@ -126,6 +126,7 @@ class AsyncDriver:
         self.last_eval_launch: int | None = None
         self.eval_rows: list[dict] = []
         self._rr_eval = 0
+        self._rr_collect = 0
         self._window: collections.deque[tuple[float, int]] = collections.deque(maxlen=64)
         self._last_stats_iter = 0
         self._t0 = time.monotonic()
@@ -260,11 +261,14 @@ class AsyncDriver:
                                  trainable=self.core.trainable()):
             return
         busy = {launch.slot.index for launch in self.collects.values()}
-        for slot in self.collectors:
+        n = len(self.collectors)
+        # start after the last collector launched, so a cap below the pool size still uses every actor
+        for slot in (self.collectors[(self._rr_collect + k) % n] for k in range(n)):
             if len(self.collects) >= self.ap.max_collect_inflight:
                 return
             if slot.index in busy:
                 continue
+            self._rr_collect = slot.index + 1
             snap = self._publish_if_due()
             self.stats.launch_lags.append(self.core.train_iter - snap.version)
             temp = visit_temperature(self.cfg, self.core.train_iter)
