@@ -35,6 +35,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.spaces import Box, Discrete
 
+from muzero_tune.envs import stochastic as _stochastic  # noqa: F401 (registers its env id)
 from muzero_tune.envs.atari import ATARI_FRAME_SIZES_PX, make_atari_env, sign_reward
 from muzero_tune.envs.spec import EnvSpec
 
@@ -59,7 +60,11 @@ SUPPORTED_FAMILIES = (
 )
 
 _ATARI_ID = re.compile(r"ALE/[A-Za-z0-9]+-v5")
-_VECTOR_ENTRY_PREFIXES = ("gymnasium.envs.classic_control.", "gymnasium.envs.box2d.")
+_VECTOR_ENTRY_PREFIXES = (
+    "gymnasium.envs.classic_control.",
+    "gymnasium.envs.box2d.",
+    "muzero_tune.envs.stochastic:",
+)
 _BOX2D_ENTRY_PREFIX = "gymnasium.envs.box2d."
 # CarRacing lives in box2d but emits 96x96 RGB images without the Atari preprocessing path.
 _IMAGE_ENTRY_POINTS = ("gymnasium.envs.box2d.car_racing:CarRacing",)

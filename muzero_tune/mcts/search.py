@@ -105,11 +105,14 @@ class Search(abc.ABC):
         add_noise: bool,
         deterministic: bool,
         rng: np.random.Generator,
+        root_value: np.ndarray | None = None,
     ) -> SearchOutput:
         """Search from B roots.
 
         Args:
             root_latent: [B, *latent_shape] representation of each root (any dtype/device).
+            root_value: [B] the network's value of each root, for variants that need it (Gumbel's mixed
+                value); MuZero's search does not use it.
             root_policy_logits: [B, A] policy logits of the roots.
             legal_mask: [B, A] bool, at least one True per row; applied at the root only.
             recurrent_fn: see :data:`RecurrentFn`.
@@ -214,6 +217,7 @@ class MuZeroSearch(Search):
         add_noise: bool,
         deterministic: bool,
         rng: np.random.Generator,
+        root_value: np.ndarray | None = None,
     ) -> SearchOutput:
         batch_size = int(root_latent.shape[0])
         num_actions = self._num_actions

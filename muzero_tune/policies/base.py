@@ -109,8 +109,10 @@ class Policy(ABC):
     @abstractmethod
     def reanalyze(
         self, target_model: torch.nn.Module, obs: np.ndarray, legal_mask: np.ndarray, rng: np.random.Generator
-    ) -> np.ndarray:
-        """Fresh visit distributions [N, A] for stacked observations [N, *obs_shape] (buffer reanalyze)."""
+    ) -> np.ndarray | dict[str, np.ndarray]:
+        """Fresh search results for stacked observations [N, *obs_shape] (reanalyze): visit distributions
+        [N, A] (written back to ``stats['child_visits']``) or a dict of per-step statistics by name, each
+        [N, ...], written back to ``stats[name]`` (e.g. a Gumbel policy's improved policy)."""
 
     @abstractmethod
     def compute_loss(self, model: torch.nn.Module, batch: TrainBatch, *, train_iter: int) -> LossOutput:

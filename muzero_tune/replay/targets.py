@@ -28,7 +28,8 @@ from muzero_tune.replay.buffer import SampledIndices
 from muzero_tune.replay.segment import GameSegment
 
 ValueFn = Callable[[np.ndarray], np.ndarray]  # stacked obs [N, *obs_shape] -> value [N] float32
-ReanalyzeFn = Callable[[np.ndarray, np.ndarray], np.ndarray]  # obs [N, ...], legal [N, A] -> visits [N, A]
+# obs [N, ...], legal [N, A] -> visits [N, A], or {stat name: [N, ...]} to write back
+ReanalyzeFn = Callable[[np.ndarray, np.ndarray], "np.ndarray | dict[str, np.ndarray]"]
 
 
 @dataclass(frozen=True)
@@ -183,8 +184,10 @@ def reanalyze_positions(
     span: int,
     reanalyze_fn: ReanalyzeFn,
 ) -> int:
-    """Re-search positions t..t+span-1 (within stored data) of each segment; write the visit
-    distributions back into ``stats['child_visits']``. Returns the number of positions re-searched."""
+    """Re-search positions t..t+span-1 (within stored data) of each segment and write the results back:
+    ``reanalyze_fn`` returns visit distributions [N, A] (written to ``stats['child_visits']``) or a dict of
+    per-step statistics by name (each [N, ...], written to ``stats[name]``). Returns the positions
+    re-searched."""
     where: list[tuple[GameSegment, int]] = []
     obs: list[np.ndarray] = []
     legal: list[np.ndarray] = []
@@ -196,7 +199,10 @@ def reanalyze_positions(
     if not where:
         return 0
     frame_ndim = segments[0].frames.ndim - 1
-    visits = reanalyze_fn(stack_frames(np.stack(obs), frame_ndim=frame_ndim), np.stack(legal))
-    for (seg, i), v in zip(where, visits):
-        seg.stats["child_visits"][i] = v
+    fresh = reanalyze_fn(stack_frames(np.stack(obs), frame_ndim=frame_ndim), np.stack(legal))
+    if not isinstance(fresh, dict):
+        fresh = {"child_visits": fresh}
+    for j, (seg, i) in enumerate(where):
+        for name, arr in fresh.items():
+            seg.stats[name][i] = arr[j]
     return len(where)

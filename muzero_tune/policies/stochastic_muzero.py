@@ -1,0 +1,266 @@
+"""Stochastic MuZero (Antonoglou et al. 2022) as a policy plug-in: model, chance-node search, targets, loss.
+
+Acting: :class:`~muzero_tune.mcts.stochastic.StochasticMuZeroSearch` with ``afterstate_fn`` (afterstate
+dynamics + afterstate prediction) and ``recurrent_fn`` (dynamics from a chance code + prediction). Stored per
+step: the MuZero statistics only (visit distribution, root value, legal mask); nothing chance-specific.
+
+Targets: MuZero's (:func:`muzero_tune.replay.targets.make_batch`) with ``all_obs=True``, so the batch carries
+the stacked observations o_t..o_{t+K}; the chance codes for training come from the learned chance encoder
+applied to consecutive real observations (o_{t+k}, o_{t+k+1}), never from env-provided labels.
+
+Loss of one sample, unrolling s_0 = repr(o_t), and for k = 0..K-1: as_k = phi(s_k, a_k),
+(Q_k, sigma_k) = psi(as_k), c_k = onehot_st(e(o_{t+k}, o_{t+k+1})), (s_{k+1}, r_k) = g(as_k, c_k):
+
+* policy CE(p(s_k), pi_{t+k}), value CE(v(s_k), z_{t+k}) for k = 0..K, reward CE(r_k, u_{t+k}) -- as MuZero
+  (weights ``learn.*_loss_weight``; terms of steps >= 1 scaled by 1/K; gradient into each dynamics step
+  halved);
+* afterstate value CE(Q_k, z_{t+k}) x ``policy.afterstate_value_loss_weight`` (Q(s_t+k, a_t+k) is
+  estimated by the same n-step return as V(s_t+k), the one that followed a_t+k);
+* afterstate chance-prior CE(sigma_k, stop_grad(c_k)) x ``policy.afterstate_policy_loss_weight``;
+* commitment ||stop_grad(c_k) - softmax(e logits)||^2 x ``policy.commitment_loss_weight``;
+  the afterstate terms are averaged over the K steps (1/K each); chance terms are masked where
+  o_{t+k+1} is not a real observation.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from muzero_tune.mcts.search import select_action
+from muzero_tune.mcts.stochastic import StochasticMuZeroSearch
+from muzero_tune.models.stochastic_net import build_stochastic_network
+from muzero_tune.models.support import logits_to_scalar, logits_to_scalar_np, scalar_to_target
+from muzero_tune.policies.base import ActOutput, LossOutput, Policy
+from muzero_tune.policies.muzero import scale_gradient, soft_cross_entropy
+from muzero_tune.replay.targets import TrainBatch, make_batch
+
+
+class StochasticMuZeroPolicy(Policy):
+    """Stochastic MuZero on discrete actions with a learned chance encoder."""
+
+    name = "stochastic_muzero"
+
+    def __init__(self, cfg, spec):
+        super().__init__(cfg, spec)
+        m = cfg.mcts
+        self._search = StochasticMuZeroSearch(
+            num_actions=spec.num_actions,
+            num_chances=cfg.policy.chance_space_size,
+            num_simulations=m.num_simulations,
+            pb_c_base=m.pb_c_base,
+            pb_c_init=m.pb_c_init,
+            discount=m.discount,
+            dirichlet_alpha=m.root_dirichlet_alpha,
+            noise_weight=m.root_noise_weight,
+            value_delta_max=m.value_delta_max,
+        )
+
+    # ---------------------------------------------------------------- model
+
+    def build_model(self) -> torch.nn.Module:
+        mc = self.cfg.model
+        return build_stochastic_network(
+            kind=mc.kind,
+            obs_shape=tuple(self.spec.obs_shape),
+            num_actions=self.spec.num_actions,
+            chance_space_size=self.cfg.policy.chance_space_size,
+            latent_dim=mc.latent_dim,
+            hidden_dim=mc.hidden_dim,
+            num_hidden_layers=mc.num_hidden_layers,
+            value_support_size=mc.value_support_size,
+            reward_support_size=mc.reward_support_size,
+        )
+
+    @staticmethod
+    def _device(model: torch.nn.Module) -> torch.device:
+        return next(model.parameters()).device
+
+    def _network_fns(self, model):
+        dev = self._device(model)
+        vs, rs = model.value_support_size, model.reward_support_size
+
+        def afterstate_fn(latent: torch.Tensor, actions: np.ndarray):
+            afterstate, q_logits, chance_logits = model.afterstate_inference(
+                latent, torch.as_tensor(actions, device=dev)
+            )
+            q = logits_to_scalar_np(q_logits.float().cpu().numpy(), support_size=vs)
+            return afterstate, q, chance_logits.float().cpu().numpy()
+
+        def recurrent_fn(afterstate: torch.Tensor, codes: np.ndarray):
+            latent, r_logits, v_logits, p_logits = model.chance_inference(
+                afterstate, torch.as_tensor(codes, device=dev)
+            )
+            reward = logits_to_scalar_np(r_logits.float().cpu().numpy(), support_size=rs)
+            value = logits_to_scalar_np(v_logits.float().cpu().numpy(), support_size=vs)
+            return latent, reward, value, p_logits.float().cpu().numpy()
+
+        return afterstate_fn, recurrent_fn
+
+    @torch.no_grad()
+    def _search_roots(self, model, obs, legal_mask, *, add_noise, deterministic, rng):
+        was_training = model.training
+        model.eval()
+        root = model.initial_inference(torch.as_tensor(obs, device=self._device(model)))
+        predicted = logits_to_scalar(root.value_logits.float(), support_size=model.value_support_size)
+        afterstate_fn, recurrent_fn = self._network_fns(model)
+        out = self._search.run(
+            root_latent=root.latent,
+            root_policy_logits=root.policy_logits.float().cpu().numpy(),
+            legal_mask=np.asarray(legal_mask, dtype=bool),
+            recurrent_fn=recurrent_fn,
+            afterstate_fn=afterstate_fn,
+            add_noise=add_noise,
+            deterministic=deterministic,
+            rng=rng,
+        )
+        model.train(was_training)
+        return out, predicted.cpu().numpy().astype(np.float32)
+
+    def act(
+        self, model, obs, legal_mask, *, explore, temperature, rng, state=None, env_index=None
+    ) -> ActOutput:
+        deterministic = (not explore) and self.cfg.mcts.deterministic_eval
+        out, predicted = self._search_roots(
+            model, obs, legal_mask, add_noise=explore, deterministic=deterministic, rng=rng
+        )
+        actions = select_action(
+            out.visit_counts, temperature=temperature if explore else 0.0, rng=rng, deterministic=not explore
+        )
+        stats = {
+            "child_visits": out.visit_distribution.astype(np.float32),
+            "root_value": out.root_value.astype(np.float32),
+            "legal_mask": np.asarray(legal_mask, dtype=bool),
+        }
+        return ActOutput(
+            actions=actions.astype(np.int64),
+            step_stats=stats,
+            root_value=out.root_value,
+            predicted_value=predicted,
+        )
+
+    def reanalyze(self, target_model, obs, legal_mask, rng) -> np.ndarray:
+        out, _ = self._search_roots(
+            target_model, obs, legal_mask, add_noise=True, deterministic=False, rng=rng
+        )
+        return out.visit_distribution.astype(np.float32)
+
+    # ---------------------------------------------------------------- targets
+
+    def value_fn(self, model: torch.nn.Module, *, chunk: int = 2048):
+        dev = self._device(model)
+
+        @torch.no_grad()
+        def fn(obs: np.ndarray) -> np.ndarray:
+            was_training = model.training
+            model.eval()
+            vals = []
+            for lo in range(0, len(obs), chunk):
+                root = model.initial_inference(torch.as_tensor(obs[lo : lo + chunk], device=dev))
+                vals.append(
+                    logits_to_scalar(root.value_logits.float(), support_size=model.value_support_size)
+                )
+            model.train(was_training)
+            return torch.cat(vals).cpu().numpy()
+
+        return fn
+
+    def make_batch(self, sample, *, target_model, rng, reanalyze_count=0) -> TrainBatch:
+        """MuZero targets plus the observations o_t..o_{t+K} (``all_obs=True``) for the chance encoder."""
+        rc = self.cfg.replay
+        return make_batch(
+            sample,
+            num_unroll_steps=rc.num_unroll_steps,
+            td_steps=rc.td_steps,
+            discount=self.cfg.mcts.discount,
+            num_actions=self.spec.num_actions,
+            value_fn=self.value_fn(target_model),
+            rng=rng,
+            all_obs=True,
+            reanalyze_count=reanalyze_count,
+            reanalyze_fn=lambda o, m: self.reanalyze(target_model, o, m, rng),
+        )
+
+    # ---------------------------------------------------------------- loss
+
+    def compute_loss(self, model, batch: TrainBatch, *, train_iter: int) -> LossOutput:
+        lc, pc = self.cfg.learn, self.cfg.policy
+        dev = self._device(model)
+
+        def t(x, dtype=torch.float32):
+            return torch.as_tensor(x, device=dev, dtype=dtype)
+
+        obs = torch.as_tensor(batch.obs, device=dev)  # [B, K+1, *obs_shape]
+        actions = t(batch.actions, torch.long)
+        tv, tr, tp = t(batch.target_value), t(batch.target_reward), t(batch.target_policy)
+        vmask, rmask, pmask, omask = (
+            t(batch.value_mask), t(batch.reward_mask), t(batch.policy_mask), t(batch.obs_mask)
+        )
+        vs, rs = model.value_support_size, model.reward_support_size
+        k_steps = batch.actions.shape[1]
+        if obs.shape[1] != k_steps + 1:
+            raise ValueError(f"stochastic_muzero needs observations at t..t+K, got obs {tuple(obs.shape)}")
+        v_targets = scalar_to_target(tv, support_size=vs)  # [B, K+1, 2Sv+1]
+
+        root = model.initial_inference(obs[:, 0])
+        latent, v_logits, p_logits = root.latent, root.value_logits, root.policy_logits
+        value_loss = soft_cross_entropy(v_logits, v_targets[:, 0]) * vmask[:, 0]
+        policy_loss = soft_cross_entropy(p_logits, tp[:, 0]) * pmask[:, 0]
+        pred_v0 = v_logits
+        # chance codes of all K transitions (o_{t+k}, o_{t+k+1}) in one encoder call: [B, K, C]
+        bsz, n_codes = obs.shape[0], model.chance_space_size
+        flat = (bsz * k_steps, *obs.shape[2:])
+        codes, enc_logits = model.encode_chance(obs[:, :-1].reshape(flat), obs[:, 1:].reshape(flat))
+        codes, enc_logits = codes.view(bsz, k_steps, n_codes), enc_logits.view(bsz, k_steps, n_codes)
+        target_codes = codes.detach()  # exact one-hots
+        cmask = omask[:, 1:]  # [B, K] o_{t+k+1} is a real observation
+        commit = (target_codes - F.softmax(enc_logits, dim=-1)).pow(2).sum(-1)  # [B, K]
+        commit_loss = (commit * cmask).sum(1) / k_steps
+        r_targets = scalar_to_target(tr, support_size=rs)  # [B, K, 2Sr+1]
+        zeros = torch.zeros_like(value_loss)
+        reward_loss, q_loss, chance_loss = zeros, zeros, zeros
+        for k in range(k_steps):
+            afterstate = model.afterstate_dynamics(latent, actions[:, k])
+            q_logits, chance_logits = model.afterstate_predict(afterstate)
+            q_loss = q_loss + soft_cross_entropy(q_logits, v_targets[:, k]) * vmask[:, k] / k_steps
+            chance_loss = (
+                chance_loss + soft_cross_entropy(chance_logits, target_codes[:, k]) * cmask[:, k] / k_steps
+            )
+            next_latent, r_logits = model.dynamics(afterstate, codes[:, k])
+            latent = scale_gradient(next_latent, 0.5)
+            v_logits, p_logits = model.predict(next_latent)
+            step_v = soft_cross_entropy(v_logits, v_targets[:, k + 1]) * vmask[:, k + 1]
+            step_p = soft_cross_entropy(p_logits, tp[:, k + 1]) * pmask[:, k + 1]
+            step_r = soft_cross_entropy(r_logits, r_targets[:, k]) * rmask[:, k]
+            value_loss = value_loss + step_v / k_steps
+            policy_loss = policy_loss + step_p / k_steps
+            reward_loss = reward_loss + step_r / k_steps
+
+        per_sample = (
+            lc.policy_loss_weight * policy_loss
+            + lc.value_loss_weight * value_loss
+            + lc.reward_loss_weight * reward_loss
+            + pc.afterstate_value_loss_weight * q_loss
+            + pc.afterstate_policy_loss_weight * chance_loss
+            + pc.commitment_loss_weight * commit_loss
+        )
+        loss = (t(batch.weights) * per_sample).mean()
+        with torch.no_grad():
+            v0 = logits_to_scalar(pred_v0.float(), support_size=vs)
+            priorities = ((v0 - tv[:, 0]).abs() + 1e-6).cpu().numpy().astype(np.float32)
+            usage = (target_codes * cmask[..., None]).sum((0, 1)) / cmask.sum().clamp_min(1.0)
+            codes_used = int((usage > 0.01).sum())
+        metrics = {
+            "train/loss_total": float(loss.detach()),
+            "train/loss_policy": float(policy_loss.mean().detach()),
+            "train/loss_value": float(value_loss.mean().detach()),
+            "train/loss_reward": float(reward_loss.mean().detach()),
+            "train/loss_afterstate_value": float(q_loss.mean().detach()),
+            "train/loss_afterstate_policy": float(chance_loss.mean().detach()),
+            "train/loss_commitment": float(commit_loss.mean().detach()),
+            "train/chance_codes_used": float(codes_used),
+            "train/value_pred_mean": float(v0.mean()),
+            "train/value_target_mean": float(tv[:, 0].mean()),
+        }
+        return LossOutput(loss=loss, per_sample_loss=per_sample, priorities=priorities, metrics=metrics)

@@ -1,0 +1,268 @@
+"""Gumbel MuZero: the kernel search against the plain-Python reference and against hand-computed values
+(Gumbel-top-k, sequential-halving phases, completed Q, improved policy, selected action), the improved
+policy as the buffer's policy target, and short sync / async / Tune runs of the policy type."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from muzero_tune.config import make_config
+from muzero_tune.mcts.gumbel import GumbelMuZeroSearch, reference_gumbel_search
+from muzero_tune.pipeline.checkpoint import latest_checkpoint, load_policy
+from muzero_tune.pipeline.core import make_policy
+from muzero_tune.replay.buffer import ReplayBuffer
+from muzero_tune.replay.segment import GameSegment
+
+PRESET = "cartpole_gumbel_muzero"
+SMALL = {
+    "model.hidden_dim": 32, "model.latent_dim": 16, "mcts.num_simulations": 6, "learn.batch_size": 32,
+    "env.collector_env_num": 4, "env.evaluator_env_num": 2, "eval.n_episodes": 2, "eval.eval_freq": 20,
+    "replay.game_segment_length": 20, "max_env_step": 400, "stop_value": None, "logging.quiet": True,
+}
+EXTRAS = (
+    "improved_policy", "selected_action", "completed_q", "considered", "survivors", "root_actions", "phases",
+)
+
+
+class Tabular:
+    """Deterministic toy world model: tables over ``num_states`` states drawn from ``seed``; latent [B, 2] =
+    (state id, 0.5 * state id) so the search's latent gather is checked."""
+
+    def __init__(self, *, num_actions: int, seed: int, num_states: int = 211):
+        g = np.random.default_rng(seed)
+        self.next_state = g.integers(0, num_states, size=(num_states, num_actions))
+        self.reward = g.normal(size=(num_states, num_actions)).astype(np.float32)
+        self.value = g.normal(size=num_states).astype(np.float32)
+        self.logits = (2.0 * g.normal(size=(num_states, num_actions))).astype(np.float32)
+
+    @staticmethod
+    def latent(states) -> torch.Tensor:
+        s = torch.as_tensor(np.asarray(states), dtype=torch.float32)
+        return torch.stack([s, 0.5 * s], dim=1)
+
+    def __call__(self, latent: torch.Tensor, actions: np.ndarray):
+        assert torch.equal(latent[:, 1], 0.5 * latent[:, 0])
+        s = latent[:, 0].long().numpy()
+        ns = self.next_state[s, actions]
+        return self.latent(ns), self.reward[s, actions], self.value[ns], self.logits[ns]
+
+
+def _both(model, states, legal, *, sims, considered, add_noise, seed, **knobs):
+    args = dict(root_latent=model.latent(states), root_policy_logits=model.logits[states], legal_mask=legal,
+                recurrent_fn=model, add_noise=add_noise, root_value=model.value[states])
+    search = GumbelMuZeroSearch(num_actions=legal.shape[1], num_simulations=sims,
+                                max_num_considered_actions=considered, **knobs)
+    out = search.run(**args, rng=np.random.default_rng(seed))
+    ref = reference_gumbel_search(**args, rng=np.random.default_rng(seed), num_simulations=sims,
+                                  max_num_considered_actions=considered, **knobs)
+    return out, ref
+
+
+@pytest.mark.parametrize("num_actions,batch,sims,considered", [
+    (2, 3, 8, 16), (4, 4, 7, 3), (6, 4, 20, 4), (18, 3, 50, 16), (5, 2, 3, 5), (3, 2, 10, 1),
+])
+def test_kernels_match_reference(num_actions, batch, sims, considered):
+    rng = np.random.default_rng(num_actions * 100 + sims)
+    model = Tabular(num_actions=num_actions, seed=num_actions)
+    states = rng.integers(0, 211, size=batch)
+    legal = rng.random((batch, num_actions)) < 0.6
+    legal[np.arange(batch), rng.integers(0, num_actions, size=batch)] = True
+    legal[0] = True
+    for add_noise in (True, False):
+        out, ref = _both(model, states, legal, sims=sims, considered=considered, add_noise=add_noise,
+                         seed=sims, gumbel_scale=1.0, c_visit=50.0, c_scale=0.1, discount=0.99)
+        np.testing.assert_array_equal(out.visit_counts, ref.visit_counts)
+        np.testing.assert_array_equal(out.root_value, ref.root_value)
+        np.testing.assert_array_equal(out.root_prior, ref.root_prior)
+        for name in EXTRAS:
+            np.testing.assert_array_equal(out.extras[name], ref.extras[name], err_msg=name)
+        assert (out.visit_counts.sum(1) == sims).all()
+        assert (out.visit_counts[~out.extras["considered"]] == 0).all() and not out.visit_counts[~legal].any()
+        assert out.extras["survivors"][np.arange(batch), out.extras["selected_action"]].all()
+        np.testing.assert_allclose(out.extras["improved_policy"].sum(1), 1.0, rtol=1e-6)
+        assert (out.extras["improved_policy"][~legal] == 0).all()
+        # survivors of each phase visit counts: every survivor of a completed phase was visited in it
+        for b in range(batch):
+            history = ref.extras["phase_survivors"][b]
+            for p, alive in enumerate(history):
+                in_phase = set(out.extras["root_actions"][b][out.extras["phases"][b] == p].tolist())
+                assert in_phase <= set(alive)
+
+
+class RootRewardModel:
+    """Hand-checkable world: root (state 0) action a gives reward r[a] and leads to state a + 1; every other
+    reward and every value is 0. So a visited root child's Q is exactly r[a] and the tree's min-max range is
+    [0, max visited r]."""
+
+    def __init__(self, r, num_actions):
+        self.r = np.asarray(r, dtype=np.float32)
+        self.num_actions = num_actions
+
+    def __call__(self, latent, actions):
+        s = latent[:, 0].long().numpy()
+        reward = np.where(s == 0, self.r[actions], 0.0).astype(np.float32)
+        ns = np.where(s == 0, actions + 1, s)
+        z = torch.as_tensor(ns, dtype=torch.float32)
+        zeros = np.zeros(len(s), np.float32)
+        return torch.stack([z, 0.5 * z], 1), reward, zeros, np.zeros((len(s), self.num_actions), np.float32)
+
+
+def test_hand_computed_gumbel_search():
+    a_n, sims, k, c_visit, c_scale, gamma = 5, 7, 3, 50.0, 0.1, 0.9
+    logits = np.array([[0.5, 0.2, 0.0, -0.3, 0.1]], np.float32)
+    legal = np.array([[True, True, True, True, False]])
+    r = np.array([0.1, 0.9, 0.5, 0.3, 0.7], np.float32)
+    model = RootRewardModel(r, a_n)
+    search = GumbelMuZeroSearch(num_actions=a_n, num_simulations=sims, max_num_considered_actions=k,
+                                c_visit=c_visit, c_scale=c_scale, discount=gamma)
+    out = search.run(root_latent=torch.zeros(1, 2), root_policy_logits=logits, legal_mask=legal,
+                     recurrent_fn=model, add_noise=True, rng=np.random.default_rng(3), root_value=np.zeros(1))
+    ref = reference_gumbel_search(root_latent=torch.zeros(1, 2), root_policy_logits=logits, legal_mask=legal,
+                                  recurrent_fn=model, num_simulations=sims, add_noise=True,
+                                  rng=np.random.default_rng(3), root_value=np.zeros(1),
+                                  max_num_considered_actions=k, c_visit=c_visit, c_scale=c_scale,
+                                  discount=gamma)
+    # Gumbel-top-k with the same Generator
+    g = np.random.default_rng(3).gumbel(size=(1, a_n))[0]
+    gl = np.where(legal[0], g + logits[0].astype(np.float64), -np.inf)
+    considered = sorted(np.argsort(-gl, kind="stable")[:k].tolist())
+    assert np.flatnonzero(out.extras["considered"][0]).tolist() == considered
+    # schedule: P = ceil(log2 3) = 2; phase 0: 3 x max(1, 7 // 6) = 1 visit; phase 1: 2 x (7 // 4) = 1;
+    # phase 2 (2 survivors again): 2 x 1 -> 3 + 2 + 2 = 7 simulations
+    assert out.extras["phases"][0].tolist() == [0, 0, 0, 1, 1, 2, 2]
+    # after phase 0 every considered action has Q = r[a]; min-max = [0, max r]; sigma = (50 + 1) * 0.1 * q_hat
+    lo, hi = 0.0, float(max(r[considered]))
+    score = {a: gl[a] + (c_visit + 1) * c_scale * (float(r[a]) - lo) / (hi - lo) for a in considered}
+    survivors = sorted(sorted(considered, key=lambda a: (-score[a], a))[:2])
+    assert ref.extras["phase_survivors"][0] == [considered, survivors, survivors]
+    assert np.flatnonzero(out.extras["survivors"][0]).tolist() == survivors
+    expect_visits = np.zeros(a_n, int)
+    expect_visits[considered] = 1
+    expect_visits[survivors] = 3
+    np.testing.assert_array_equal(out.visit_counts[0], expect_visits)
+    # completed Q: visited r[a]; unvisited legal -> mixed value (v_hat = 0, pi = softmax of legal logits)
+    pi = np.where(legal[0], np.exp(logits[0] - logits[0][legal[0]].max()), 0.0)
+    pi /= pi.sum()
+    visited = expect_visits > 0
+    v_mix = (0.0 + sims / pi[visited].sum() * (pi[visited] * r[visited]).sum()) / (1 + sims)
+    cq = np.where(visited, r, np.where(legal[0], v_mix, 0.0))
+    np.testing.assert_allclose(out.extras["completed_q"][0], cq, rtol=1e-6, atol=1e-7)
+    sigma = (c_visit + 3) * c_scale * np.clip((cq - lo) / (hi - lo), 0, 1)
+    z = np.where(legal[0], logits[0] + sigma, -np.inf)
+    improved = np.exp(z - z.max()) / np.exp(z - z.max()).sum()
+    np.testing.assert_allclose(out.extras["improved_policy"][0], improved, rtol=1e-5, atol=1e-7)
+    winner = max(survivors, key=lambda a: (gl[a] + sigma[a], -a))
+    assert out.extras["selected_action"][0] == winner
+    np.testing.assert_array_equal(out.visit_counts, ref.visit_counts)
+    for name in EXTRAS:
+        np.testing.assert_array_equal(out.extras[name], ref.extras[name], err_msg=name)
+    # evaluation (no noise): considered = top-k logits, deterministic
+    ev = search.run(root_latent=torch.zeros(1, 2), root_policy_logits=logits, legal_mask=legal,
+                    recurrent_fn=model, add_noise=False, rng=np.random.default_rng(0), root_value=np.zeros(1))
+    assert np.flatnonzero(ev.extras["considered"][0]).tolist() == [0, 1, 2]
+
+
+# ---------------------------------------------------------------------------------------------- targets
+
+
+def _segment(m: int, num_real: int, *, terminal: bool, salt: float) -> GameSegment:
+    a = 2
+    frames = (np.arange(m + 1)[:, None] * np.array([1.0, -1.0, 0.5, 0.0]) * 0.01 + salt).astype(np.float32)
+    p = (np.arange(m) + 1) / 100.0 + salt
+    visits = np.stack([p, 1 - p], 1).astype(np.float32)
+    improved = np.stack([1 - p / 2, p / 2], 1).astype(np.float32)
+    return GameSegment(
+        frames=frames, actions=(np.arange(m) % a).astype(np.int64), rewards=np.ones(m, np.float32),
+        stats={"child_visits": visits, "root_value": np.zeros(m, np.float32),
+               "legal_mask": np.ones((m, a), bool), "improved_policy": improved},
+        num_real=num_real, frame_stack=1, done=terminal, terminal_at_end=terminal,
+    )
+
+
+def test_buffer_returns_stored_improved_policy_as_policy_target():
+    cfg = make_config(PRESET, overrides={**SMALL, "replay.num_unroll_steps": 3, "replay.td_steps": 2})
+    policy, _ = make_policy(cfg)
+    target_model = policy.build_model()
+    assert "improved_policy" in policy.step_stat_names()
+    buf = ReplayBuffer(capacity_transitions=1000, use_priority=False)
+    segs = [_segment(8, 5, terminal=False, salt=0.0), _segment(4, 4, terminal=True, salt=0.2)]
+    buf.push(segs)
+    rng = np.random.default_rng(0)
+    checked_masked = 0
+    for _ in range(5):
+        sample = buf.sample(16, rng)
+        batch = policy.make_batch(sample, target_model=target_model, rng=rng)
+        for b, (seg, t) in enumerate(zip(sample.segments, sample.positions)):
+            for k in range(4):
+                i = int(t) + k
+                if i < seg.num_stored:
+                    np.testing.assert_array_equal(batch.target_policy[b, k], seg.stats["improved_policy"][i])
+                    assert not np.array_equal(batch.target_policy[b, k], seg.stats["child_visits"][i])
+                    assert batch.policy_mask[b, k] == 1
+                else:
+                    assert batch.policy_mask[b, k] == 0 and not batch.target_policy[b, k].any()
+                    checked_masked += 1
+    assert checked_masked > 0
+    # per-batch reanalyze refreshes the improved policy (what is trained on), and the visit distribution
+    sample = buf.sample(4, rng)
+    before = [s.stats["improved_policy"].copy() for s in sample.segments]
+    batch = policy.make_batch(sample, target_model=target_model, rng=rng, reanalyze_count=1)
+    seg, t = sample.segments[0], int(sample.positions[0])
+    assert not np.array_equal(seg.stats["improved_policy"][t], before[0][t])
+    np.testing.assert_array_equal(batch.target_policy[0, 0], seg.stats["improved_policy"][t])
+    np.testing.assert_allclose(seg.stats["child_visits"][t].sum(), 1.0, rtol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------- runs
+
+
+def _check_snapshot(run_dir: str) -> None:
+    path = latest_checkpoint(run_dir)
+    ckpt = torch.load(path, weights_only=True)
+    assert ckpt["evaluated"]["weights"]
+    cfg, policy, model, _ = load_policy(path)
+    assert cfg.policy.type == "gumbel_muzero" and type(policy).__name__ == "GumbelMuZeroPolicy"
+    obs = np.zeros((3, 4), np.float32)
+    act = policy.act(model, obs, np.ones((3, 2), bool), explore=False, temperature=0.0,
+                     rng=np.random.default_rng(0))
+    assert act.actions.shape == (3,) and set(act.step_stats) >= {"improved_policy", "child_visits"}
+    np.testing.assert_allclose(act.step_stats["improved_policy"].sum(1), 1.0, rtol=1e-5)
+
+
+def test_short_sync_run(tmp_path):
+    from muzero_tune.pipeline.sync_driver import train_muzero_segment
+
+    cfg = make_config(PRESET, overrides={**SMALL, "logging.output_dir": str(tmp_path), "exp_name": "g"})
+    summary = train_muzero_segment(cfg)
+    assert summary.stop_reason == "max_env_step" and summary.train_iter > 0 and summary.evals
+    assert all(math.isfinite(e["reward_mean"]) for e in summary.evals)
+    _check_snapshot(os.path.join(str(tmp_path), "g"))
+
+
+def test_short_async_run(run_async, tmp_path):
+    run = run_async(tmp_path, {"policy.type": "gumbel_muzero", "mcts.num_simulations": 6}, exp_name="ga",
+                    standalone=True)
+    assert run.summary.train_iter > 0 and run.summary.env_steps >= 400
+    _check_snapshot(run.run_dir)
+
+
+def test_one_trial_tune_run(ray_cluster, tmp_path):
+    from ray import tune
+
+    from muzero_tune.tune.trainable import CHECKPOINT_FILE, make_trainable
+
+    cfg = make_config(PRESET, overrides={**SMALL, "tune.storage_path": str(tmp_path)})
+    tuner = tune.Tuner(make_trainable(cfg, sweep_name="t", mlflow_uri=None), param_space={},
+                       run_config=tune.RunConfig(storage_path=str(tmp_path)))
+    results = tuner.fit()
+    assert results.num_errors == 0 and len(results) == 1
+    result = results[0]
+    assert result.metrics["train_iter"] > 0
+    with result.checkpoint.as_directory() as d:
+        cfg2, policy, model, ckpt = load_policy(os.path.join(d, CHECKPOINT_FILE))
+    assert cfg2.policy.type == "gumbel_muzero" and ckpt["evaluated"]["weights"]
