@@ -499,6 +499,8 @@ def train_muzero_segment_async(
         if resume_from is not None:
             ckpt = load_checkpoint(resume_from) if isinstance(resume_from, str) else resume_from
             driver.core.load_resume_state(ckpt["resume"])
+            # evaluations continue on their schedule, not at once at the restored train_iter
+            driver.last_eval_launch = driver.core.counters.last_eval_iter
         return driver.run()
     finally:
         driver.shutdown()

@@ -105,4 +105,5 @@ def load_policy(path: str, *, device: str = "cpu"):
     model = policy.build_model().to(device)
     model.load_state_dict(ckpt["evaluated"]["weights"])
     model.eval()
+    policy.on_weights_loaded(model)
     return cfg, policy, model, ckpt

@@ -30,12 +30,18 @@ REPORT_KEYS = (
 class TuneReporter:
     """Reports each evaluation to Tune (metrics + checkpoint) and to the trial's MLflow run."""
 
-    def __init__(self, cfg: ExperimentConfig, *, mlflow_run=None, driver_out: list | None = None):
+    def __init__(self, cfg: ExperimentConfig, *, mlflow_run=None, driver_out: list | None = None,
+                 report_keys: list[str] | None = None):
         self.cfg = cfg
         self.flat_config = to_flat_dict(cfg)
         self.mlflow_run = mlflow_run
         self.driver_out = driver_out  # the async driver, once it exists (its actors' placement is reported)
         self._placement_reported = False
+        # The trial's Tune report schema: its first report's keys, kept in every checkpoint, so a retried or
+        # restored trial reports the same keys in the same order (missing ones as NaN). Tune's CSV logger
+        # appends to progress.csv under the first post-restart report's keys without rereading the header:
+        # any other key set (e.g. an evaluation before the first train step: no train/* keys) shifts columns.
+        self.report_keys = list(report_keys) if report_keys else None
         self.checkpoint_write_s: list[float] = []
         self.checkpoint_bytes: list[int] = []
 
@@ -49,10 +55,13 @@ class TuneReporter:
         if self.driver_out and not self._placement_reported:  # first report of this (re)start
             report.update(actor_placement(self.driver_out[0]))
             self._placement_reported = True
+        if self.report_keys is None:
+            self.report_keys = [*report, "checkpoint_bytes", "checkpoint_write_s"]
         with tempfile.TemporaryDirectory(prefix="muzero_tune_ckpt_") as d:
             t0 = time.perf_counter()
             size = save_checkpoint(os.path.join(d, CHECKPOINT_FILE), {
                 "format": FORMAT, "config": self.flat_config, "evaluated": evaluated, "resume": resume_state(),
+                "report_keys": self.report_keys,
             })
             self.checkpoint_write_s.append(time.perf_counter() - t0)
             self.checkpoint_bytes.append(size)
@@ -60,7 +69,8 @@ class TuneReporter:
             report["checkpoint_write_s"] = self.checkpoint_write_s[-1]
             if self.mlflow_run is not None:
                 self.mlflow_run.log_metrics(report, step=int(metrics["eval_index"]))
-            tune.report(report, checkpoint=tune.Checkpoint.from_directory(d))
+            tune.report({k: report.get(k, float("nan")) for k in self.report_keys},
+                        checkpoint=tune.Checkpoint.from_directory(d))
 
     def close(self) -> None:
         pass
@@ -124,7 +134,8 @@ def run_trial(config: dict, *, base_flat: dict, sweep_name: str, mlflow_uri: str
             resume = load_checkpoint(os.path.join(d, CHECKPOINT_FILE))
     status = "FAILED"
     driver_out: list = []
-    reporter = TuneReporter(cfg, mlflow_run=mlflow_run, driver_out=driver_out)
+    reporter = TuneReporter(cfg, mlflow_run=mlflow_run, driver_out=driver_out,
+                            report_keys=(resume or {}).get("report_keys"))
     try:
         if cfg.policy.async_pipeline.enabled:
             from muzero_tune.pipeline.async_driver import train_muzero_segment_async

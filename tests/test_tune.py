@@ -1,0 +1,382 @@
+"""Integration: the Ray Tune layer (trainable, sweeps, OptunaSearch, MLflow runs, compare) on tiny trials.
+
+All trials run in the session's in-process Ray cluster (``ray_cluster``: 8 logical CPUs). Every assertion is
+on an invariant of the runs -- placement, counters, equalities between what was reported, checkpointed and
+logged -- never on rewards or timings.
+"""
+
+from __future__ import annotations
+
+import csv
+import glob
+import os
+
+import pytest
+
+from muzero_tune.config import ConfigError, make_config, to_flat_dict
+from muzero_tune.pipeline.checkpoint import load_checkpoint, load_policy
+from muzero_tune.pipeline.core import EVAL_SEED_OFFSET, setup_torch_threads
+from muzero_tune.pipeline.evaluator import Evaluator
+from muzero_tune.pipeline.messages import weights_digest
+from muzero_tune.tune.mlflow_log import TRIAL_TAG, default_tracking_uri, ensure_experiment
+from muzero_tune.tune.trainable import CHECKPOINT_FILE
+
+AP = "policy.async_pipeline."
+
+
+def tiny(storage, **extra) -> dict:
+    return {
+        "model.hidden_dim": 32, "model.latent_dim": 16, "mcts.num_simulations": 4, "learn.batch_size": 32,
+        "env.collector_env_num": 4, "env.evaluator_env_num": 2, "eval.n_episodes": 2, "eval.eval_freq": 20,
+        "replay.game_segment_length": 20, "max_env_step": 600, "stop_value": None, "logging.quiet": True,
+        "tune.storage_path": str(storage), **extra,
+    }
+
+
+def progress(trial_dir: str) -> list[dict[str, str]]:
+    """Every row Tune wrote for the trial (progress.csv keeps the rows from before a restart too)."""
+    with open(os.path.join(trial_dir, "progress.csv"), newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def col(rows: list[dict[str, str]], key: str) -> list[float]:
+    return [float(r[key]) for r in rows]
+
+
+def checkpoints(trial_dir: str) -> list[str]:
+    return sorted(glob.glob(os.path.join(trial_dir, "checkpoint_*", CHECKPOINT_FILE)))
+
+
+def trial_dirs(results) -> list[str]:
+    return sorted(r.path for r in results)
+
+
+def files_under(path) -> list[str]:
+    return [os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs]
+
+
+def fail_once_trainable(flag: str, fail_after_reports: int, **run_trial_kwargs):
+    """``run_trial`` that raises once, right after its ``fail_after_reports``-th report (checkpoint saved).
+
+    The flag file records that the fault fired, so the retried trial (a new actor process) runs clean. The
+    function is local, so Ray pickles it by value (the tests folder is not importable in Ray workers).
+    """
+
+    def fail_once(config: dict) -> None:
+        from muzero_tune.tune import trainable as tt
+
+        armed = not os.path.exists(flag)
+        original = tt.TuneReporter.on_eval
+
+        def on_eval(self, metrics, evaluated, resume_state):
+            original(self, metrics, evaluated, resume_state)
+            self.test_reports = getattr(self, "test_reports", 0) + 1
+            if armed and self.test_reports == fail_after_reports:
+                with open(flag, "w") as f:
+                    f.write(str(metrics["eval_index"]))
+                raise RuntimeError("injected trial failure (test)")
+
+        tt.TuneReporter.on_eval = on_eval  # in this trial's worker process only
+        try:
+            tt.run_trial(config, **run_trial_kwargs)
+        finally:
+            tt.TuneReporter.on_eval = original
+
+    return fail_once
+
+
+# ---------------------------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def async_sweep(ray_cluster, tmp_path_factory):
+    """2 async trials (1 collector + 1 evaluator each), run concurrently, through ``run_sweep``."""
+    from ray import tune
+
+    from muzero_tune.tune.sweep import run_sweep
+
+    storage = tmp_path_factory.mktemp("tune_async")
+    res = run_sweep(
+        "policy_lag_grid", overrides=tiny(storage), max_concurrent=2, name="two_async",
+        param_space_extra={AP + "weight_sync_interval": tune.grid_search([1, 4]),
+                           AP + "max_policy_lag": tune.grid_search([8])},
+    )
+    return res
+
+
+@pytest.fixture(scope="module")
+def sync_fault(ray_cluster, tmp_path_factory):
+    """One sync trial that raises once after its 2nd report, with ``tune.max_failures=1``."""
+    from ray import tune
+
+    from muzero_tune.tune.resources import placement_group_factory
+    from muzero_tune.tune.sweep import _run_config
+
+    storage = tmp_path_factory.mktemp("tune_fault")
+    fault_cfg = {"tune.max_failures": 1, "tune.checkpoint_num_to_keep": None, "tune.save_replay_buffer": True}
+    cfg = make_config("cartpole_muzero", overrides=tiny(storage, **fault_cfg))
+    name = "fault"
+    uri = default_tracking_uri(str(storage))
+    artifacts = os.path.join(str(storage), "mlartifacts")
+    ensure_experiment(uri, name, artifacts)
+    flag = os.path.join(str(storage), "fault_fired")
+    fn = fail_once_trainable(flag, 2, base_flat=to_flat_dict(cfg), sweep_name=name, mlflow_uri=uri,
+                             experiment_name=name, artifact_root=artifacts)
+    tuner = tune.Tuner(
+        tune.with_resources(fn, placement_group_factory(cfg)),
+        param_space={"seed": 3},
+        run_config=_run_config(cfg, name, str(storage)),
+    )
+    results = tuner.fit()
+    return {"results": results, "flag": flag, "uri": uri, "name": name, "cfg": cfg}
+
+
+# ---------------------------------------------------------------------------------------------- placement
+
+
+def test_async_trials_run_concurrently_with_their_actors_in_their_own_bundles(async_sweep, ray_cluster):
+    results = async_sweep.results
+    assert results.num_errors == 0 and results.num_terminated == 2
+    firsts, spans = [], []
+    for d in trial_dirs(results):
+        rows = progress(d)
+        assert len(rows) >= 2
+        first = rows[0]
+        # observed inside the trial at its first report: every actor's runtime context names the trial's
+        # placement group, and the trial's bundles 0 (the trial: driver + learner), 1, 2 are all taken
+        assert first["placement/actors"] == "2"
+        assert first["placement/actors_in_trial_pg"] == "1"
+        assert first["placement/actor_bundles"] == "1 2"  # collector 0 -> bundle 1, evaluator 0 -> bundle 2
+        assert first["placement/bundles_in_use"] == "0 1 2"
+        assert all(r["pipeline"] == "async" for r in rows)
+        firsts.append(first)
+        # the trial ran from (its first report - the time it took) to its last report
+        spans.append((float(first["timestamp"]) - float(first["time_total_s"]), max(col(rows, "timestamp"))))
+    pg_a, pg_b = (f["placement/trial_pg_id"] for f in firsts)
+    assert pg_a and pg_b and pg_a != pg_b
+    pids_a, pids_b = (set(f["placement/actor_pids"].split()) for f in firsts)
+    assert len(pids_a) == len(pids_b) == 2 and not pids_a & pids_b
+    trial_pids = {f["pid"] for f in firsts}  # the trials' own processes (bundle 0)
+    assert len(trial_pids) == 2 and not trial_pids & (pids_a | pids_b)
+    # the two trials ran at the same time (both placement groups were live together)
+    (a0, a1), (b0, b1) = spans
+    assert a0 <= b1 and b0 <= a1
+    # the cluster knows both groups: 3 one-CPU bundles, PACK (Tune removes them when the trials end)
+    table = ray_cluster.util.placement_group_table()
+    for pg in (pg_a, pg_b):
+        assert table[pg]["bundles"] == {0: {"CPU": 1.0}, 1: {"CPU": 1.0}, 2: {"CPU": 1.0}}
+        assert table[pg]["strategy"] == "PACK"
+
+
+# ---------------------------------------------------------------------------------------------- checkpoints
+
+
+def test_async_checkpoints_hold_exactly_the_weights_the_evaluator_used(async_sweep):
+    for d in trial_dirs(async_sweep.results):
+        by_eval = {int(float(r["eval_index"])): r for r in progress(d)}
+        paths = checkpoints(d)
+        assert paths
+        for path in paths:
+            ev = load_checkpoint(path)["evaluated"]
+            assert ev["weights_digest"]  # the digest the evaluator actor reported for the weights it loaded
+            assert weights_digest(ev["weights"]) == ev["weights_digest"]
+            row = by_eval[ev["metrics"]["eval_index"]]
+            assert ev["version"] == ev["metrics"]["policy_version"] == int(float(row["policy_version"]))
+            assert ev["metrics"]["reward_mean"] == float(row["reward_mean"])
+
+
+@pytest.mark.parametrize("which", ["sync", "async"])
+def test_evaluating_a_trial_checkpoint_reproduces_its_reported_reward(which, request):
+    if which == "async":
+        dirs = trial_dirs(request.getfixturevalue("async_sweep").results)
+    else:
+        dirs = trial_dirs(request.getfixturevalue("sync_fault")["results"])
+    setup_torch_threads()  # as in the trial and its actors
+    checked = 0
+    for d in dirs:
+        reported = {int(float(r["eval_index"])): float(r["reward_mean"]) for r in progress(d)}
+        for path in checkpoints(d)[-2:]:
+            cfg, policy, model, ckpt = load_policy(path)
+            assert cfg.policy.async_pipeline.enabled == (which == "async")
+            evaluator = Evaluator(cfg, policy, policy.spec, seed=cfg.seed + EVAL_SEED_OFFSET)
+            try:
+                res = evaluator.evaluate(model, policy_version=ckpt["evaluated"]["version"])
+            finally:
+                evaluator.close()
+            metrics = ckpt["evaluated"]["metrics"]
+            assert res.reward_mean == metrics["reward_mean"] == reported[metrics["eval_index"]]
+            assert len(res.episode_returns) == cfg.eval.n_episodes
+            checked += 1
+    assert checked >= 2
+
+
+# ---------------------------------------------------------------------------------------------- failures
+
+
+def test_trial_error_is_retried_from_its_last_checkpoint_and_counters_continue(sync_fault):
+    results = sync_fault["results"]
+    assert results.num_errors == 0 and results.num_terminated == 1
+    assert open(sync_fault["flag"]).read() == "2"  # the fault fired once, after the 2nd report
+    (d,) = trial_dirs(results)
+    rows = progress(d)
+    n = len(rows)
+    assert n >= 4
+    # one restart, right after report 2: the 3rd row is the first of a new trial process
+    restarts = [i for i, r in enumerate(rows) if r["iterations_since_restore"] == "1"]
+    assert restarts == [0, 2]
+    assert rows[2]["pid"] != rows[1]["pid"]
+    assert col(rows, "training_iteration") == list(range(1, n + 1))
+    assert col(rows, "eval_index") == list(range(1, n + 1))  # no gap, no repeat
+    for key in ("train_iter", "envstep"):
+        vals = col(rows, key)
+        assert all(a < b for a, b in zip(vals, vals[1:])), (key, vals)
+    # the retry resumed from the checkpoint of report 2 and continued from its counters
+    ckpt = load_checkpoint(os.path.join(d, "checkpoint_000001", CHECKPOINT_FILE))
+    counters = ckpt["resume"]["counters"]
+    assert counters["eval_index"] == 2
+    assert ckpt["resume"]["learner"]["train_iter"] == int(float(rows[1]["train_iter"]))
+    assert counters["env_steps"] == int(float(rows[1]["envstep"]))
+    assert "buffer" in ckpt["resume"]  # tune.save_replay_buffer
+    assert int(float(rows[2]["eval_index"])) == counters["eval_index"] + 1
+    assert int(float(rows[2]["train_iter"])) > ckpt["resume"]["learner"]["train_iter"]
+    assert int(float(rows[2]["envstep"])) > counters["env_steps"]
+    assert float(rows[2]["wall_s"]) > float(rows[1]["wall_s"])  # wall time carried across the restart
+    # one MLflow run for the trial, reopened by the retry: one metric point per report
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(sync_fault["uri"])
+    exp = client.get_experiment_by_name(sync_fault["name"])
+    trial_id = results[0].metrics["trial_id"]
+    runs = client.search_runs([exp.experiment_id], filter_string=f"tags.`{TRIAL_TAG}` = '{trial_id}'")
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    hist = client.get_metric_history(runs[0].info.run_id, "eval_index")
+    assert sorted(m.step for m in hist) == list(range(1, n + 1))
+
+
+# ---------------------------------------------------------------------------------------------- Optuna
+
+
+def test_optuna_sweep_over_the_policy_lag_space_runs_its_trials_to_completion(ray_cluster, tmp_path):
+    from muzero_tune.tune.sweep import run_sweep
+
+    res = run_sweep("policy_lag_optuna", samples=3, max_concurrent=2, name="optuna",
+                    overrides=tiny(tmp_path, max_env_step=300))
+    results = res.results
+    assert len(results) == 3
+    assert results.num_errors == 0 and results.num_terminated == 3
+    for r in results:
+        assert r.error is None and r.metrics["eval_index"] >= 1
+        assert r.config[AP + "weight_sync_interval"] in (1, 2, 4, 8, 16, 32)
+        assert -1 <= r.config[AP + "max_policy_lag"] <= 32
+        assert len(progress(r.path)) == r.metrics["training_iteration"]
+
+
+# ---------------------------------------------------------------------------------------------- MLflow
+
+
+def test_mlflow_has_one_run_per_trial_with_params_tags_and_a_point_per_report(async_sweep):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(async_sweep.tracking_uri)
+    exp = client.get_experiment_by_name(async_sweep.experiment_name)
+    assert exp is not None
+    runs = [r for r in client.search_runs([exp.experiment_id])
+            if r.data.tags.get("muzero_tune.kind") != "compare"]
+    assert len(runs) == 2
+    by_trial = {r.data.tags[TRIAL_TAG]: r for r in runs}
+    for result in async_sweep.results:
+        run = by_trial[result.metrics["trial_id"]]
+        assert run.info.status == "FINISHED"
+        p, t = run.data.params, run.data.tags
+        assert p["learn.batch_size"] == "32" and p["mcts.num_simulations"] == "4"
+        assert p[AP + "enabled"] == "True"
+        assert p[AP + "weight_sync_interval"] == str(result.config[AP + "weight_sync_interval"])
+        assert (t["pipeline"], t["policy_type"], t["env_id"]) == ("async", "muzero", "CartPole-v1")
+        assert t["seed"] == "0"
+        assert t["sweep"] == async_sweep.experiment_name
+        assert t["trial_name"] in os.path.basename(result.path)
+        rows = progress(result.path)
+        for key in ("reward_mean", "envstep", "train_iter", "wall_s"):
+            hist = sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)
+            assert [m.step for m in hist] == [int(float(r["eval_index"])) for r in rows]
+            assert [m.value for m in hist] == col(rows, key)
+
+
+def test_compare_writes_three_plots_and_logs_them_to_a_compare_run(async_sweep, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from muzero_tune.tune.compare import compare
+
+    out = compare(async_sweep.tracking_uri, async_sweep.experiment_name, str(tmp_path / "plots"))
+    names = sorted(os.path.basename(p) for p in out["plots"])
+    assert names == ["envstep_per_s.png", "reward_vs_envstep.png", "reward_vs_wall.png"]
+    for p in out["plots"]:
+        with open(p, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+        assert os.path.getsize(p) > 1000
+    assert out["summary"]["async"]["runs"] == 2.0
+    client = MlflowClient(async_sweep.tracking_uri)
+    run = client.get_run(out["run_id"])
+    assert run.info.run_name == "compare" and run.data.tags["muzero_tune.kind"] == "compare"
+    arts = {os.path.basename(a.path): a.file_size for a in client.list_artifacts(out["run_id"], "plots")}
+    assert sorted(arts) == names and all(size > 1000 for size in arts.values())
+
+
+# ---------------------------------------------------------------------------------------------- bad input
+
+
+def _no_trial_started(storage) -> None:
+    files = files_under(storage)
+    assert not [f for f in files if os.path.basename(f) in ("progress.csv", "result.json", "params.json")]
+    assert not glob.glob(os.path.join(str(storage), "*", "experiment_state-*.json"))
+    assert not glob.glob(os.path.join(str(storage), "*", "muzero_tune_sweep.json"))
+
+
+def test_unknown_space_name_is_a_config_error_with_a_suggestion(tmp_path):
+    from muzero_tune.tune.sweep import run_sweep
+
+    with pytest.raises(ConfigError) as e:
+        run_sweep("policy_lag_gird", overrides=tiny(tmp_path))
+    msg = str(e.value)
+    assert "--space" in msg and "'policy_lag_grid'" in msg
+    _no_trial_started(tmp_path)
+
+
+def test_unknown_param_space_key_is_a_config_error_with_a_suggestion(tmp_path):
+    from ray import tune
+
+    from muzero_tune.tune.sweep import run_sweep
+
+    with pytest.raises(ConfigError) as e:
+        run_sweep("policy_lag_grid", overrides=tiny(tmp_path),
+                  param_space_extra={AP + "weight_sync_intervl": tune.grid_search([1])})
+    msg = str(e.value)
+    assert AP + "weight_sync_intervl" in msg and f"'{AP}weight_sync_interval'" in msg
+    _no_trial_started(tmp_path)
+
+
+@pytest.mark.parametrize("bad", ["grid", "choice", "randint"])
+def test_out_of_range_search_value_is_a_config_error(bad, tmp_path):
+    from ray import tune
+
+    from muzero_tune.tune.sweep import run_sweep
+
+    domain = {"grid": tune.grid_search([4, 0]), "choice": tune.choice([1, 2, 0]),
+              "randint": tune.randint(0, 8)}[bad]
+    with pytest.raises(ConfigError) as e:
+        run_sweep("policy_lag_grid", overrides=tiny(tmp_path),
+                  param_space_extra={AP + "weight_sync_interval": domain})
+    msg = str(e.value)
+    assert AP + "weight_sync_interval" in msg and ">= 1" in msg
+    _no_trial_started(tmp_path)
+
+
+def test_placement_that_cannot_fit_the_cluster_is_a_config_error(ray_cluster, tmp_path):
+    from muzero_tune.tune.sweep import run_sweep
+
+    assert ray_cluster.cluster_resources()["CPU"] == 8
+    with pytest.raises(ConfigError) as e:
+        run_sweep("policy_lag_grid", overrides=tiny(tmp_path, **{AP + "num_collector_actors": 64}))
+    msg = str(e.value)
+    assert "placement" in msg and "66 CPU" in msg and "has 8" in msg and "num_collector_actors" in msg
+    _no_trial_started(tmp_path)
