@@ -1,0 +1,260 @@
+"""EfficientZero (Ye et al. 2021) as a policy plug-in: MuZero with an LSTM value-prefix head.
+
+What differs from :class:`~muzero_tune.policies.muzero.MuZeroPolicy` (everything else is inherited):
+
+* **Model** -- :mod:`muzero_tune.models.efficientzero_net`: the dynamics carries an LSTM state (h, c) and
+  predicts the value prefix (undiscounted reward sum since the last LSTM reset) instead of the reward.
+* **Search** -- the unchanged :class:`~muzero_tune.mcts.MuZeroSearch`. The per-node state it stores is the
+  *packed* tensor ``[latent (flattened), h, c, depth, value prefix]`` (see :func:`pack_search_state`); the
+  recurrent_fn unpacks the parent, resets its LSTM state when ``depth % lstm_horizon_len == 0`` (the root
+  included), runs one dynamics step and hands the search the child's *reward*:
+  ``prefix(child) - prefix(parent)``, or ``prefix(child)`` when the parent was a reset node.
+* **Targets** -- MuZero's :func:`~muzero_tune.replay.targets.make_batch`, plus
+  ``extras["target_value_prefix"]`` [B, K]: for unroll step k = 1..K the sum of the per-step reward targets
+  since the last reset, resets after every ``lstm_horizon_len`` steps *of each sample's own unroll*
+  (the reference implementation lets the reset phase drift across the batch; this one does not). Past the
+  data the reward targets are 0 (absorbing) so the prefix is held; the mask is ``reward_mask``.
+* **Loss** -- MuZero's, with the value-prefix cross-entropy in place of the reward cross-entropy and the
+  LSTM state reset every ``lstm_horizon_len`` unroll steps, exactly as in the search. Metric names are
+  MuZero's (``train/loss_reward`` is the value-prefix loss) so every policy reports the same keys.
+
+Acting is stateless across environment steps: every root starts from a zero LSTM state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from muzero_tune.models.efficientzero_net import LstmState, build_efficientzero_network
+from muzero_tune.models.support import logits_to_scalar, logits_to_scalar_np, scalar_to_target
+from muzero_tune.policies.base import LossOutput
+from muzero_tune.policies.muzero import MuZeroPolicy, scale_gradient, soft_cross_entropy
+from muzero_tune.replay.targets import TrainBatch
+
+VALUE_PREFIX_KEY = "target_value_prefix"
+
+
+# ---------------------------------------------------------------------------------------------- search state
+
+
+def pack_search_state(
+    latent: torch.Tensor, lstm_state: LstmState, depth: torch.Tensor, prefix: torch.Tensor
+) -> torch.Tensor:
+    """One search node's state as one row: [B, prod(latent_shape) + 2H + 2] in ``latent``'s dtype.
+
+    ``latent`` [B, *latent_shape], ``lstm_state`` (h, c) [B, H] each, ``depth`` [B] (root = 0), ``prefix``
+    [B] (the node's predicted value prefix; 0 at the root). Depths are small integers, exact in float32.
+    """
+    b, dt = latent.shape[0], latent.dtype
+    h, c = lstm_state
+    return torch.cat(
+        [latent.reshape(b, -1), h.to(dt), c.to(dt), depth.to(dt).view(b, 1), prefix.to(dt).view(b, 1)], dim=1
+    )
+
+
+def unpack_search_state(
+    packed: torch.Tensor, latent_shape: tuple[int, ...], hidden: int
+) -> tuple[torch.Tensor, LstmState, torch.Tensor, torch.Tensor]:
+    """Inverse of :func:`pack_search_state` -> (latent, (h, c), depth [B] float, prefix [B] float)."""
+    b = packed.shape[0]
+    n = packed.shape[1] - 2 * hidden - 2
+    latent = packed[:, :n].reshape(b, *latent_shape)
+    h = packed[:, n : n + hidden]
+    c = packed[:, n + hidden : n + 2 * hidden]
+    return latent, (h, c), packed[:, -2], packed[:, -1]
+
+
+# ---------------------------------------------------------------------------------------------- targets
+
+
+def value_prefix_targets(target_reward: np.ndarray, horizon: int) -> np.ndarray:
+    """Per-step reward targets [B, K] (step k = 1..K in column k-1) -> value-prefix targets [B, K].
+
+    Column k-1 holds the sum of the reward targets of steps ((k-1) // horizon) * horizon + 1 .. k: the
+    running sum restarts after every ``horizon`` unroll steps, counted from each sample's own start.
+    """
+    r = np.asarray(target_reward, dtype=np.float64)
+    out = np.empty_like(r)
+    for k in range(r.shape[1]):
+        out[:, k] = r[:, k] if k % horizon == 0 else out[:, k - 1] + r[:, k]
+    return out.astype(np.float32)
+
+
+# ---------------------------------------------------------------------------------------------- policy
+
+
+class EfficientZeroPolicy(MuZeroPolicy):
+    """EfficientZero on discrete actions (see the module docstring)."""
+
+    name = "efficientzero"
+
+    def __init__(self, cfg, spec):
+        super().__init__(cfg, spec)
+        self.horizon = int(cfg.policy.lstm_horizon_len)
+
+    # ---------------------------------------------------------------- model
+
+    def build_model(self) -> torch.nn.Module:
+        mc = self.cfg.model
+        common = dict(
+            kind=mc.kind,
+            obs_shape=tuple(self.spec.obs_shape),
+            num_actions=self.spec.num_actions,
+            value_support_size=mc.value_support_size,
+            reward_support_size=mc.reward_support_size,
+            projection_dim=mc.projection_dim,
+            lstm_hidden_size=self.cfg.policy.lstm_hidden_size,
+        )
+        if mc.kind == "mlp":
+            return build_efficientzero_network(
+                **common,
+                latent_dim=mc.latent_dim,
+                hidden_dim=mc.hidden_dim,
+                num_hidden_layers=mc.num_hidden_layers,
+            )
+        return build_efficientzero_network(
+            **common, num_channels=mc.num_channels, num_res_blocks=mc.num_res_blocks, downsample=mc.downsample
+        )
+
+    # ---------------------------------------------------------------- search
+
+    def _recurrent_fn(self, model: torch.nn.Module):
+        dev = self._device(model)
+        shape, hidden, horizon = tuple(model.latent_shape), model.lstm_hidden_size, self.horizon
+
+        def fn(packed: torch.Tensor, actions: np.ndarray):
+            latent, (h, c), depth, parent_prefix = unpack_search_state(packed, shape, hidden)
+            # a parent at depth % horizon == 0 (the root included) starts a new horizon: zero LSTM state,
+            # and its children's rewards are their whole prefixes (depths are exact small floats)
+            reset = torch.remainder(depth, horizon) == 0  # [B] bool, on the latent's device
+            zero = torch.zeros((), dtype=h.dtype, device=h.device)
+            state = (torch.where(reset[:, None], zero, h), torch.where(reset[:, None], zero, c))
+            base = torch.where(reset, zero, parent_prefix).float().cpu().numpy()  # [B]
+            out = model.recurrent_inference(latent, torch.as_tensor(actions, device=dev), state)
+            prefix = logits_to_scalar_np(
+                out.reward_logits.float().cpu().numpy(), support_size=model.reward_support_size
+            )
+            value = logits_to_scalar_np(
+                out.value_logits.float().cpu().numpy(), support_size=model.value_support_size
+            )
+            child = pack_search_state(
+                out.latent, out.lstm_state, depth + 1, torch.from_numpy(prefix).to(packed.device)
+            )
+            return child, prefix - base, value, out.policy_logits.float().cpu().numpy()
+
+        return fn
+
+    @torch.no_grad()
+    def _search_roots(self, model, obs, legal_mask, *, add_noise, deterministic, rng):
+        was_training = model.training
+        model.eval()
+        dev = self._device(model)
+        root = model.initial_inference(torch.as_tensor(obs, device=dev))
+        predicted = logits_to_scalar(root.value_logits.float(), support_size=model.value_support_size)
+        b = root.latent.shape[0]
+        zeros = torch.zeros(b, dtype=root.latent.dtype, device=root.latent.device)
+        packed = pack_search_state(root.latent, model.initial_lstm_state(b, like=root.latent), zeros, zeros)
+        out = self._search.run(
+            root_latent=packed,
+            root_policy_logits=root.policy_logits.float().cpu().numpy(),
+            legal_mask=np.asarray(legal_mask, dtype=bool),
+            recurrent_fn=self._recurrent_fn(model),
+            add_noise=add_noise,
+            deterministic=deterministic,
+            rng=rng,
+        )
+        model.train(was_training)
+        return out, predicted.cpu().numpy().astype(np.float32)
+
+    # ---------------------------------------------------------------- targets
+
+    def make_batch(self, sample, *, target_model, rng, reanalyze_count=0) -> TrainBatch:
+        batch = super().make_batch(
+            sample, target_model=target_model, rng=rng, reanalyze_count=reanalyze_count
+        )
+        prefix = value_prefix_targets(batch.target_reward, self.horizon)
+        return dataclasses.replace(batch, extras={**batch.extras, VALUE_PREFIX_KEY: prefix})
+
+    # ---------------------------------------------------------------- loss
+
+    def compute_loss(self, model, batch: TrainBatch, *, train_iter: int) -> LossOutput:
+        lc = self.cfg.learn
+        dev = self._device(model)
+
+        def t(x, dtype=torch.float32):
+            return torch.as_tensor(x, device=dev, dtype=dtype)
+
+        obs = torch.as_tensor(batch.obs, device=dev)
+        actions = t(batch.actions, torch.long)
+        tv, tp = t(batch.target_value), t(batch.target_policy)
+        tvp = t(batch.extras[VALUE_PREFIX_KEY])
+        vmask, rmask, pmask, omask = (
+            t(batch.value_mask),
+            t(batch.reward_mask),
+            t(batch.policy_mask),
+            t(batch.obs_mask),
+        )
+        vs, rs = model.value_support_size, model.reward_support_size
+        k_steps = batch.actions.shape[1]
+
+        root = model.initial_inference(obs[:, 0])
+        value_loss = (
+            soft_cross_entropy(root.value_logits, scalar_to_target(tv[:, 0], support_size=vs)) * vmask[:, 0]
+        )
+        policy_loss = soft_cross_entropy(root.policy_logits, tp[:, 0]) * pmask[:, 0]
+        prefix_loss = torch.zeros_like(value_loss)
+        ssl_loss = torch.zeros_like(value_loss)
+        use_ssl = lc.ssl_loss_weight > 0 and obs.shape[1] == k_steps + 1
+        latent = root.latent
+        state = None  # zeros: the root starts a horizon
+        for k in range(1, k_steps + 1):
+            rec = model.recurrent_inference(latent, actions[:, k - 1], state)
+            latent = scale_gradient(rec.latent, 0.5)
+            state = None if k % self.horizon == 0 else rec.lstm_state
+            step_v = (
+                soft_cross_entropy(rec.value_logits, scalar_to_target(tv[:, k], support_size=vs))
+                * vmask[:, k]
+            )
+            step_p = soft_cross_entropy(rec.policy_logits, tp[:, k]) * pmask[:, k]
+            step_r = (
+                soft_cross_entropy(rec.reward_logits, scalar_to_target(tvp[:, k - 1], support_size=rs))
+                * rmask[:, k - 1]
+            )
+            value_loss = value_loss + step_v / k_steps
+            policy_loss = policy_loss + step_p / k_steps
+            prefix_loss = prefix_loss + step_r / k_steps
+            if use_ssl:
+                with torch.no_grad():
+                    target_proj = model.project(model.represent(obs[:, k]), with_prediction_head=False)
+                online = model.project(rec.latent, with_prediction_head=True)
+                cos = F.cosine_similarity(online, target_proj.detach(), dim=-1)
+                ssl_loss = ssl_loss + (-cos) * omask[:, k] / k_steps
+
+        per_sample = (
+            lc.policy_loss_weight * policy_loss
+            + lc.value_loss_weight * value_loss
+            + lc.reward_loss_weight * prefix_loss
+            + lc.ssl_loss_weight * ssl_loss
+        )
+        weights = t(batch.weights)
+        loss = (weights * per_sample).mean()
+        with torch.no_grad():
+            pred_v0 = logits_to_scalar(root.value_logits.float(), support_size=vs)
+            priorities = ((pred_v0 - tv[:, 0]).abs() + 1e-6).cpu().numpy().astype(np.float32)
+            probs = F.softmax(root.policy_logits.float(), dim=-1)
+            entropy = -(probs * torch.log(probs + 1e-12)).sum(-1).mean()
+        metrics = {
+            "train/loss_total": float(loss.detach()),
+            "train/loss_policy": float(policy_loss.mean().detach()),
+            "train/loss_value": float(value_loss.mean().detach()),
+            "train/loss_reward": float(prefix_loss.mean().detach()),
+            "train/loss_ssl": float(ssl_loss.mean().detach()),
+            "train/policy_entropy": float(entropy),
+            "train/value_pred_mean": float(pred_v0.mean()),
+            "train/value_target_mean": float(tv[:, 0].mean()),
+        }
+        return LossOutput(loss=loss, per_sample_loss=per_sample, priorities=priorities, metrics=metrics)
