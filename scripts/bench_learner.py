@@ -63,6 +63,14 @@ def main(argv: list[str] | None = None) -> None:
     batch = core.policy.make_batch(sample, target_model=core.learner.target_model, rng=core.rng)
     obs = torch.as_tensor(batch.obs[:, 0])
     actions = torch.as_tensor(batch.actions)
+    loss_opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+
+    def loss_step():
+        """The policy's own loss (SSL included) + backward + step on a fixed batch: the learner minus data."""
+        out = core.policy.compute_loss(model, batch, train_iter=0)
+        loss_opt.zero_grad(set_to_none=True)
+        out.loss.backward()
+        loss_opt.step()
 
     def time_it(fn, n):
         t0 = time.perf_counter()
@@ -73,22 +81,26 @@ def main(argv: list[str] | None = None) -> None:
     # warm-up both, then alternate rounds so both see the same machine load
     time_it(core.train_step, 3)
     time_it(lambda: bare_step(model, opt, obs, actions, k), 3)
-    full, bare, targets = [], [], []
+    time_it(loss_step, 2)
+    full, bare, targets, fixed = [], [], [], []
     for _ in range(args.rounds):
         full.append(time_it(core.train_step, args.steps))
         bare.append(time_it(lambda: bare_step(model, opt, obs, actions, k), args.steps))
+        fixed.append(time_it(loss_step, args.steps))
 
         def build():
             s = core.buffer.sample(bs, core.rng)
             core.policy.make_batch(s, target_model=core.learner.target_model, rng=core.rng)
 
         targets.append(time_it(build, max(1, args.steps // 4)))
-    f, b, t = float(np.median(full)), float(np.median(bare)), float(np.median(targets))
+    f, b, t, x = (float(np.median(v)) for v in (full, bare, targets, fixed))
     print(f"preset={args.preset} batch={bs} K={k} model={cfg.model.kind} ssl={cfg.learn.ssl_loss_weight > 0}")
     print(f"  full learner step     : {1e3 * f:8.2f} ms  -> {1 / f:7.1f} train steps/s")
     print(f"  bare forward+backward : {1e3 * b:8.2f} ms  -> {1 / b:7.1f} steps/s")
-    print(f"    of which sample+targets: {1e3 * t:8.2f} ms")
-    print(f"  learner efficiency (bare / full): {b / f:.2f}")
+    print(f"  policy loss + backward on a fixed batch (SSL incl.): {1e3 * x:8.2f} ms")
+    print(f"  sample + targets (target-net bootstrap values incl.): {1e3 * t:8.2f} ms")
+    print(f"  learner efficiency (bare forward+backward / full): {b / f:.2f}")
+    print(f"  learner efficiency without data (fixed-batch loss step / full): {x / f:.2f}")
 
 
 if __name__ == "__main__":
