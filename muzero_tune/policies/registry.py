@@ -14,13 +14,13 @@ from muzero_tune.config import POLICY_TYPES, ConfigError
 # name -> "module:Class"; names of the mission not listed here are known but not implemented yet.
 _IMPLEMENTED: dict[str, str] = {
     "muzero": "muzero_tune.policies.muzero:MuZeroPolicy",
+    "efficientzero": "muzero_tune.policies.efficientzero:EfficientZeroPolicy",
+    "stochastic_muzero": "muzero_tune.policies.stochastic_muzero:StochasticMuZeroPolicy",
+    "gumbel_muzero": "muzero_tune.policies.gumbel_muzero:GumbelMuZeroPolicy",
+    "muzero_context": "muzero_tune.policies.muzero_context:MuZeroContextPolicy",
+    "muzero_rnn_full_obs": "muzero_tune.policies.muzero_rnn:MuZeroRNNFullObsPolicy",
 }
 # Being built (issue 6); they move into _IMPLEMENTED when their module lands:
-#   efficientzero -> muzero_tune.policies.efficientzero:EfficientZeroPolicy
-#   gumbel_muzero -> muzero_tune.policies.gumbel_muzero:GumbelMuZeroPolicy
-#   stochastic_muzero -> muzero_tune.policies.stochastic_muzero:StochasticMuZeroPolicy
-#   muzero_context -> muzero_tune.policies.muzero_context:MuZeroContextPolicy
-#   muzero_rnn_full_obs -> muzero_tune.policies.muzero_rnn:MuZeroRNNFullObsPolicy
 
 
 def implemented_policy_types() -> tuple[str, ...]:

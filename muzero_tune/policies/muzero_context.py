@@ -1,0 +1,207 @@
+"""MuZero with a carried ("context") root latent: the ``muzero_context`` policy type.
+
+What differs from :class:`~muzero_tune.policies.muzero.MuZeroPolicy` is acting only:
+
+* **Acting** -- the root of each search is not always the representation of the current observation.
+  Each env carries, in its acting state (:class:`CarriedActState`), the root latent it used at the previous
+  step and the action it then took. The next root is that latent rolled forward with the dynamics,
+  ``latent_t = g(latent_{t-1}, a_{t-1})``; it is re-encoded from the real observation at the episode start
+  and every ``policy.context_length_init`` steps after it (steps 0, L, 2L, ... of the episode). The root's
+  value and policy are the prediction of that root latent. The carried latent is the root the search was
+  *given*: the search copies it into its own node storage and never writes back, so a searched child
+  latent can never replace it (the reference system's search overwrote its stored latent with the last
+  simulated leaf).
+* **Training** -- MuZero's, unchanged: targets, loss, reanalyze and bootstrap values all start from the
+  representation of real observations. The unroll loss already trains ``g^k(represent(o_t))`` (k <= K) to
+  predict the targets of step t + k, which is exactly the job of a root carried k steps. So a carried root
+  stays inside what the model was trained on as long as ``context_length_init - 1 <= num_unroll_steps``
+  (a warning says when it is not); the SSL consistency loss (``learn.ssl_loss_weight``), which pulls
+  ``g^k(represent(o_t))`` towards ``represent(o_{t+k})``, is the optional extra that makes carried latents
+  closer to re-encoded ones.
+
+The rolled-forward latent is computed at the start of the next step (lazily) with the weights in use at
+that step.
+
+The module also holds :class:`CarriedStatePolicy`, the shared acting loop of the policy types that carry
+a model state per env across steps (this one and ``muzero_rnn_full_obs``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import warnings
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+
+from muzero_tune.mcts import SearchOutput, select_action
+from muzero_tune.models import logits_to_scalar
+from muzero_tune.policies.base import ActOutput
+from muzero_tune.policies.muzero import MuZeroPolicy
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class CarriedActState:
+    """The acting state of all of a caller's envs (N of them); every update returns a new object.
+
+    ``step`` [N] int64: act steps taken since the env's episode start (0 right after a reset).
+    ``action`` [N] int64: the action taken at the previous step (-1: none yet).
+    ``latent`` [N, *state_shape] or None: the root state the previous step searched from (None before the
+    first step). Only the rows of envs that acted are meaningful.
+    """
+
+    step: np.ndarray
+    action: np.ndarray
+    latent: torch.Tensor | None = None
+
+    @staticmethod
+    def initial(num_envs: int) -> CarriedActState:
+        return CarriedActState(
+            step=np.zeros(num_envs, dtype=np.int64), action=np.full(num_envs, -1, dtype=np.int64)
+        )
+
+    @property
+    def num_envs(self) -> int:
+        return int(self.step.shape[0])
+
+    def reset(self, env_index: int) -> CarriedActState:
+        step, action = self.step.copy(), self.action.copy()
+        step[env_index], action[env_index] = 0, -1
+        return dataclasses.replace(self, step=step, action=action)
+
+    def advanced(self, env_index: np.ndarray, root: torch.Tensor, actions: np.ndarray) -> CarriedActState:
+        """The state after envs ``env_index`` [B] searched from ``root`` [B, ...] and took ``actions`` [B]."""
+        step, action = self.step.copy(), self.action.copy()
+        step[env_index] += 1
+        action[env_index] = actions
+        if self.latent is None or self.latent.shape[1:] != root.shape[1:]:
+            latent = torch.zeros((self.num_envs, *root.shape[1:]), dtype=root.dtype, device=root.device)
+        else:
+            latent = self.latent.clone()
+        latent[torch.as_tensor(env_index, device=latent.device)] = root
+        return CarriedActState(step=step, action=action, latent=latent)
+
+
+@contextlib.contextmanager
+def eval_mode(model: torch.nn.Module) -> Iterator[None]:
+    """``model.eval()`` and no autograd inside; the previous train/eval mode restored after."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        model.train(was_training)
+
+
+class CarriedStatePolicy(MuZeroPolicy):
+    """MuZero whose search root is built from a per-env state carried across steps.
+
+    Subclasses implement :meth:`_root` (the root state of each row from its observation and the carried
+    state); this class runs the unchanged MuZero search from it, picks the actions, and returns the
+    advanced :class:`CarriedActState` (the root each env searched from, the action it took).
+    """
+
+    @property
+    def context_length(self) -> int:
+        return self.cfg.policy.context_length_init
+
+    def initial_act_state(self, num_envs: int) -> CarriedActState:
+        return CarriedActState.initial(num_envs)
+
+    def reset_act_state(self, state: CarriedActState, env_index: int) -> CarriedActState:
+        return state.reset(env_index)
+
+    def _root(
+        self, model: torch.nn.Module, obs: torch.Tensor, state: CarriedActState, env_index: np.ndarray
+    ) -> tuple[torch.Tensor, dict[str, np.ndarray]]:
+        """Root states [B, *latent_shape] and extra per-step stats [B, ...] (under eval mode, no grad)."""
+        raise NotImplementedError
+
+    def _search_from(
+        self, model, root_latent: torch.Tensor, legal_mask, *, add_noise: bool, deterministic: bool, rng
+    ) -> tuple[SearchOutput, np.ndarray]:
+        """Prediction at ``root_latent``, then the MuZero search from it (call under :func:`eval_mode`)."""
+        value_logits, policy_logits = model.predict(root_latent)
+        predicted = logits_to_scalar(value_logits.float(), support_size=model.value_support_size)
+        out = self._search.run(
+            root_latent=root_latent,
+            root_policy_logits=policy_logits.float().cpu().numpy(),
+            legal_mask=np.asarray(legal_mask, dtype=bool),
+            recurrent_fn=self._recurrent_fn(model),
+            add_noise=add_noise,
+            deterministic=deterministic,
+            rng=rng,
+        )
+        return out, predicted.cpu().numpy().astype(np.float32)
+
+    def act(
+        self, model, obs, legal_mask, *, explore, temperature, rng, state=None, env_index=None
+    ) -> ActOutput:
+        batch = len(obs)
+        if state is None:  # a caller without acting state: every row starts an episode
+            state, env_index = self.initial_act_state(batch), None
+        env_index = np.arange(batch) if env_index is None else np.asarray(env_index, dtype=np.int64)
+        if env_index.shape != (batch,):
+            raise ValueError(f"env_index must have shape ({batch},), got {env_index.shape}")
+        deterministic = (not explore) and self.cfg.mcts.deterministic_eval
+        with eval_mode(model):
+            obs_t = torch.as_tensor(obs, device=self._device(model))
+            root, extra = self._root(model, obs_t, state, env_index)
+            out, predicted = self._search_from(
+                model, root, legal_mask, add_noise=explore, deterministic=deterministic, rng=rng
+            )
+        actions = select_action(
+            out.visit_counts, temperature=temperature if explore else 0.0, rng=rng, deterministic=not explore
+        ).astype(np.int64)
+        stats = {
+            "child_visits": out.visit_distribution.astype(np.float32),
+            "root_value": out.root_value.astype(np.float32),
+            "legal_mask": np.asarray(legal_mask, dtype=bool),
+            **extra,
+        }
+        return ActOutput(
+            actions=actions,
+            step_stats=stats,
+            root_value=out.root_value,
+            predicted_value=predicted,
+            state=state.advanced(env_index, root, actions),
+        )
+
+
+def _rows(mask: np.ndarray, device: torch.device) -> torch.Tensor:
+    return torch.as_tensor(np.flatnonzero(mask), device=device)
+
+
+class MuZeroContextPolicy(CarriedStatePolicy):
+    """MuZero acting from a dynamics-carried root latent (module docstring)."""
+
+    name = "muzero_context"
+
+    def __init__(self, cfg, spec):
+        super().__init__(cfg, spec)
+        if cfg.policy.context_length_init - 1 > cfg.replay.num_unroll_steps:
+            warnings.warn(
+                f"policy.context_length_init={cfg.policy.context_length_init}: roots are carried up to "
+                f"{cfg.policy.context_length_init - 1} dynamics steps, more than the "
+                f"replay.num_unroll_steps={cfg.replay.num_unroll_steps} the model is trained to unroll",
+                stacklevel=2,
+            )
+
+    def _root(self, model, obs, state, env_index):
+        encode = state.step[env_index] % self.context_length == 0  # [B]: episode start or context boundary
+        if state.latent is None or encode.all():
+            return model.represent(obs), {}
+        dev = obs.device
+        enc, roll = _rows(encode, dev), _rows(~encode, dev)
+        src = env_index[~encode]  # the carrying envs' rows in the state
+        rolled, _ = model.dynamics(
+            state.latent[torch.as_tensor(src, device=dev)], torch.as_tensor(state.action[src], device=dev)
+        )
+        root = torch.empty((len(obs), *rolled.shape[1:]), dtype=rolled.dtype, device=dev)
+        root[roll] = rolled
+        if len(enc):
+            root[enc] = model.represent(obs[enc])
+        return root, {}
