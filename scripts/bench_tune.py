@@ -49,15 +49,23 @@ def checkpoint_costs(preset: str, overrides: dict, transitions: int) -> list[tup
     cfg = make_config(preset, overrides={**overrides, "logging.quiet": True})
     core = DriverCore(cfg, MemoryReporter())
     rc = cfg.replay
-    segs = random_segments(cfg.env.env_id, steps=transitions, frame_stack=cfg.env.frame_stack,
-                           segment_length=rc.game_segment_length, pad_length=rc.num_unroll_steps + rc.td_steps)
+    segs = random_segments(
+        cfg.env.env_id,
+        steps=transitions,
+        frame_stack=cfg.env.frame_stack,
+        segment_length=rc.game_segment_length,
+        pad_length=rc.num_unroll_steps + rc.td_steps,
+    )
     core.buffer.push(segs)
     rows = []
     with tempfile.TemporaryDirectory() as d:
         for with_buffer in (False, True):
-            payload = {"format": FORMAT, "config": core.flat_config,
-                       "evaluated": {"weights": core.learner.weights_snapshot(), "version": 0, "metrics": {}},
-                       "resume": core.resume_state(include_buffer=with_buffer)}
+            payload = {
+                "format": FORMAT,
+                "config": core.flat_config,
+                "evaluated": {"weights": core.learner.weights_snapshot(), "version": 0, "metrics": {}},
+                "resume": core.resume_state(include_buffer=with_buffer),
+            }
             path = os.path.join(d, f"c{int(with_buffer)}.pt")
             t0 = time.perf_counter()
             size = save_checkpoint(path, payload)
@@ -84,7 +92,10 @@ def main(argv: list[str] | None = None) -> None:
     rows, n = checkpoint_costs(args.preset, overrides, args.buffer_transitions)
     print(f"checkpoint ({args.preset}, buffer of {n} transitions):")
     for name, size, write_s, load_s in rows:
-        print(f"  {name:>15}: {size / 2**20:8.2f} MiB, write {write_s * 1e3:7.1f} ms, load {load_s * 1e3:7.1f} ms")
+        print(
+            f"  {name:>15}: {size / 2**20:8.2f} MiB, "
+            f"write {write_s * 1e3:7.1f} ms, load {load_s * 1e3:7.1f} ms"
+        )
     if args.skip_overhead:
         return
     import ray
@@ -93,14 +104,25 @@ def main(argv: list[str] | None = None) -> None:
     storage = tempfile.mkdtemp(prefix="bench_tune_")
     print(f"\noverhead ({args.preset}, {args.wall_s:g} s per run):")
     for pipeline in ("sync", "async"):
-        cfg = make_config(args.preset, overrides={
-            **overrides, "max_wall_s": args.wall_s, "max_env_step": 10**9, "stop_value": None,
-            "logging.quiet": True, "logging.output_dir": storage, "eval.eval_freq": 200,
-            "policy.async_pipeline.enabled": pipeline == "async"})
+        cfg = make_config(
+            args.preset,
+            overrides={
+                **overrides,
+                "max_wall_s": args.wall_s,
+                "max_env_step": 10**9,
+                "stop_value": None,
+                "logging.quiet": True,
+                "logging.output_dir": storage,
+                "eval.eval_freq": 200,
+                "policy.async_pipeline.enabled": pipeline == "async",
+            },
+        )
         b = bare(cfg)
         t, total = in_tune(cfg, storage)
-        print(f"  {pipeline:>5}: bare {b:7.1f} envstep/s, in Tune {t:7.1f} envstep/s -> ratio {t / b:.2f} "
-              f"(Tune fit wall {total:.1f} s for a {args.wall_s:g} s run)")
+        print(
+            f"  {pipeline:>5}: bare {b:7.1f} envstep/s, in Tune {t:7.1f} envstep/s -> ratio {t / b:.2f} "
+            f"(Tune fit wall {total:.1f} s for a {args.wall_s:g} s run)"
+        )
     ray.shutdown()
 
 

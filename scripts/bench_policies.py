@@ -1,0 +1,60 @@
+"""Train steps/s of every implemented policy type against MuZero's, side by side in one process.
+
+Each type gets its CartPole preset, a buffer filled by its own collector, and then rounds of timed full
+learner steps (sample + targets + loss + backward + step) that alternate between the types, so every type
+sees the same machine load. Prints steps/s and the ratio to MuZero.
+
+    python scripts/bench_policies.py --steps 20 --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from muzero_tune.config import make_config
+from muzero_tune.pipeline.collector import SegmentCollector
+from muzero_tune.pipeline.core import DriverCore, setup_torch_threads
+from muzero_tune.pipeline.reporter import MemoryReporter
+from muzero_tune.policies.registry import implemented_policy_types
+
+
+def prepared_core(policy_type: str) -> DriverCore:
+    cfg = make_config(f"cartpole_{policy_type}", overrides={"logging.quiet": True})
+    core = DriverCore(cfg, MemoryReporter())
+    collector = SegmentCollector(cfg, core.policy, core.spec, seed=0)
+    while core.buffer.num_transitions < 2 * cfg.learn.batch_size:
+        core.push_collect(collector.collect(core.learner.model, temperature=1.0))
+    collector.close()
+    return core
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=20, help="timed train steps per type per round")
+    p.add_argument("--rounds", type=int, default=3)
+    args = p.parse_args(argv)
+    setup_torch_threads()
+    cores = {t: prepared_core(t) for t in implemented_policy_types()}
+    for core in cores.values():
+        for _ in range(2):
+            core.train_step()  # warm-up
+    times: dict[str, list[float]] = {t: [] for t in cores}
+    for _ in range(args.rounds):
+        for t, core in cores.items():
+            t0 = time.perf_counter()
+            for _ in range(args.steps):
+                core.train_step()
+            times[t].append((time.perf_counter() - t0) / args.steps)
+    base = float(np.median(times["muzero"]))
+    print(f"CartPole presets, batch 256, K=5, {args.rounds} alternating rounds x {args.steps} steps (median)")
+    print(f"{'policy type':>22} {'train steps/s':>14} {'vs muzero':>10}")
+    for t, ts in times.items():
+        med = float(np.median(ts))
+        print(f"{t:>22} {1 / med:>14.1f} {base / med:>10.2f}")
+
+
+if __name__ == "__main__":
+    main()
