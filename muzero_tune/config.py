@@ -254,7 +254,9 @@ class PolicyConfig:
 
     type: str = param("muzero", "policy type", choices=POLICY_TYPES)
     # efficientzero
-    lstm_horizon_len: int = param(5, "efficientzero: value-prefix LSTM state reset every this many steps", ge=1)
+    lstm_horizon_len: int = param(
+        5, "efficientzero: value-prefix LSTM state reset every this many steps", ge=1
+    )
     lstm_hidden_size: int = param(64, "efficientzero: value-prefix LSTM hidden size", ge=1)
     # gumbel_muzero
     max_num_considered_actions: int = param(
@@ -265,12 +267,16 @@ class PolicyConfig:
     gumbel_c_scale: float = param(0.1, "gumbel_muzero: c_scale of the completed-Q transform", gt=0.0)
     # stochastic_muzero
     chance_space_size: int = param(8, "stochastic_muzero: number of chance outcomes (codebook size)", ge=1)
-    afterstate_policy_loss_weight: float = param(1.0, "stochastic_muzero: afterstate (chance) policy loss", ge=0.0)
+    afterstate_policy_loss_weight: float = param(
+        1.0, "stochastic_muzero: afterstate (chance) policy loss", ge=0.0
+    )
     afterstate_value_loss_weight: float = param(0.25, "stochastic_muzero: afterstate value loss", ge=0.0)
     commitment_loss_weight: float = param(1.0, "stochastic_muzero: chance-encoder commitment loss", ge=0.0)
     # muzero_context, muzero_rnn_full_obs
     context_length_init: int = param(
-        5, "muzero_context / muzero_rnn_full_obs: re-encode / reset the carried state every this many steps", ge=1
+        5,
+        "muzero_context / muzero_rnn_full_obs: re-encode / reset the carried state every this many steps",
+        ge=1,
     )
     rnn_hidden_size: int = param(64, "muzero_rnn_full_obs: GRU history state size", ge=1)
     async_pipeline: AsyncPipelineConfig = param(
@@ -364,7 +370,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "max_env_step": 30_000,
         "stop_value": 195.0,
     },
-    # The other discrete policy types on CartPole: the MuZero preset with the type switched (see PRESETS below).
+    # The other discrete policy types on CartPole: the MuZero preset with the type switched (see below).
     # Atari Pong with the reference system's settings (spec section 4.1; reference notes section 2).
     "pong_muzero": {
         "exp_name": "pong_muzero",
@@ -405,9 +411,18 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-for _ptype in ("efficientzero", "gumbel_muzero", "stochastic_muzero", "muzero_context", "muzero_rnn_full_obs"):
-    PRESETS[f"cartpole_{_ptype}"] = {**PRESETS["cartpole_muzero"], "exp_name": f"cartpole_{_ptype}",
-                                     "policy.type": _ptype}
+for _ptype in (
+    "efficientzero",
+    "gumbel_muzero",
+    "stochastic_muzero",
+    "muzero_context",
+    "muzero_rnn_full_obs",
+):
+    PRESETS[f"cartpole_{_ptype}"] = {
+        **PRESETS["cartpole_muzero"],
+        "exp_name": f"cartpole_{_ptype}",
+        "policy.type": _ptype,
+    }
 
 # stochastic_muzero: the CartPole preset above with its chance codebook spelled out, and the same on the
 # slippery CartPole (muzero_tune/StochasticCartPole-v1: the chosen action is replaced by a random one with

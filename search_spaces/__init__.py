@@ -43,7 +43,9 @@ def _policy_lag_optuna_space() -> dict[str, Any]:
 
     return {
         "policy.async_pipeline.weight_sync_interval": tune.choice([1, 2, 4, 8, 16, 32]),
-        "policy.async_pipeline.max_policy_lag": tune.randint(-1, 33),  # upper bound exclusive; -1: lag rule off
+        "policy.async_pipeline.max_policy_lag": tune.randint(
+            -1, 33
+        ),  # upper bound exclusive; -1: lag rule off
     }
 
 
@@ -74,23 +76,31 @@ SPACES: dict[str, SearchSpace] = {
         SearchSpace(
             "policy_lag_grid",
             "async: grid over weight_sync_interval {1,4,16} x max_policy_lag {0,8,-1} (9 trials)",
-            _policy_lag_grid, base_overrides=_ASYNC, max_concurrent=2,
+            _policy_lag_grid,
+            base_overrides=_ASYNC,
+            max_concurrent=2,
         ),
         SearchSpace(
             "policy_lag_optuna",
             "async: Optuna TPE over weight_sync_interval in {1..32} and max_policy_lag in [-1, 32], ASHA",
-            _policy_lag_optuna_space, base_overrides=_ASYNC, num_samples=8, max_concurrent=2,
-            search_alg=_optuna_tpe, asha=True,
+            _policy_lag_optuna_space,
+            base_overrides=_ASYNC,
+            num_samples=8,
+            max_concurrent=2,
+            search_alg=_optuna_tpe,
+            asha=True,
         ),
         SearchSpace(
             "sync_vs_async",
             "A/B: sync vs async pipeline over seeds 0, 1, 2 (6 trials), no early stopping",
-            _sync_vs_async((0, 1, 2)), max_concurrent=2,
+            _sync_vs_async((0, 1, 2)),
+            max_concurrent=2,
         ),
         SearchSpace(
             "quickstart",
             "A/B: sync vs async over seeds 0, 1 (4 small trials, a few minutes on 2 cores)",
-            _sync_vs_async((0, 1)), max_concurrent=2,
+            _sync_vs_async((0, 1)),
+            max_concurrent=2,
             base_overrides={"max_env_step": 6000},
         ),
     )

@@ -21,8 +21,16 @@ def visits_for(m: int, salt: float = 0.0) -> np.ndarray:
     return np.stack([p, 1.0 - p], axis=1).astype(np.float32)
 
 
-def hand_segment(*, m: int, num_real: int, terminal: bool, done: bool, frame_stack: int = 1,
-                 frame0: float = 100.0, salt: float = 0.0) -> GameSegment:
+def hand_segment(
+    *,
+    m: int,
+    num_real: int,
+    terminal: bool,
+    done: bool,
+    frame_stack: int = 1,
+    frame0: float = 100.0,
+    salt: float = 0.0,
+) -> GameSegment:
     """rewards r_i = i + 1; observation i's frame = [frame0 + i, -1] (reset copies before position 0)."""
     fs = frame_stack
     vals = np.concatenate([np.full(fs - 1, frame0), frame0 + np.arange(m + 1)])
@@ -75,46 +83,60 @@ def test_hand_computed_targets():
     vf = RecordingValue()
     batch = make_batch(
         sample_of(segs, starts),
-        num_unroll_steps=K, td_steps=td, discount=g, num_actions=A, value_fn=vf,
+        num_unroll_steps=K,
+        td_steps=td,
+        discount=g,
+        num_actions=A,
+        value_fn=vf,
         rng=np.random.default_rng(0),
     )
     r = lambda i: i + 1.0  # noqa: E731 -- reward after action i
     v = lambda i: 100.0 + i  # noqa: E731 -- bootstrap value of observation i
 
-    expect_value = np.array([
-        # deep, t = 1, full 3-step returns, bootstrap from o_{i+3}
-        [r(1) + g * r(2) + g**2 * r(3) + g**3 * v(4),
-         r(2) + g * r(3) + g**2 * r(4) + g**3 * v(5),
-         r(3) + g * r(4) + g**2 * r(5) + g**3 * v(6),
-         r(4) + g * r(5) + g**2 * r(6) + g**3 * v(7)],
-        # near a non-terminal end (M = 7), t = 3: n shrinks to 2 then 1, bootstrap from the last obs o_7
-        [r(3) + g * r(4) + g**2 * r(5) + g**3 * v(6),
-         r(4) + g * r(5) + g**2 * r(6) + g**3 * v(7),
-         r(5) + g * r(6) + g**2 * v(7),
-         r(6) + g * v(7)],
-        # terminated at M = 5, t = 3: no bootstrap at the terminal, absorbing zeros past it
-        [r(3) + g * r(4), r(4), 0.0, 0.0],
-        # truncated at M = 5, t = 3: bootstrap from the final obs o_5; past the end unknown
-        [r(3) + g * r(4) + g**2 * v(5), r(4) + g * v(5), 0.0, 0.0],
-        # padded predecessor whose data ends in a terminal o_8, t = 3
-        [r(3) + g * r(4) + g**2 * r(5) + g**3 * v(6),
-         r(4) + g * r(5) + g**2 * r(6) + g**3 * v(7),
-         r(5) + g * r(6) + g**2 * r(7),
-         r(6) + g * r(7)],
-    ])
+    expect_value = np.array(
+        [
+            # deep, t = 1, full 3-step returns, bootstrap from o_{i+3}
+            [
+                r(1) + g * r(2) + g**2 * r(3) + g**3 * v(4),
+                r(2) + g * r(3) + g**2 * r(4) + g**3 * v(5),
+                r(3) + g * r(4) + g**2 * r(5) + g**3 * v(6),
+                r(4) + g * r(5) + g**2 * r(6) + g**3 * v(7),
+            ],
+            # near a non-terminal end (M = 7), t = 3: n shrinks to 2 then 1, bootstrap from the last obs o_7
+            [
+                r(3) + g * r(4) + g**2 * r(5) + g**3 * v(6),
+                r(4) + g * r(5) + g**2 * r(6) + g**3 * v(7),
+                r(5) + g * r(6) + g**2 * v(7),
+                r(6) + g * v(7),
+            ],
+            # terminated at M = 5, t = 3: no bootstrap at the terminal, absorbing zeros past it
+            [r(3) + g * r(4), r(4), 0.0, 0.0],
+            # truncated at M = 5, t = 3: bootstrap from the final obs o_5; past the end unknown
+            [r(3) + g * r(4) + g**2 * v(5), r(4) + g * v(5), 0.0, 0.0],
+            # padded predecessor whose data ends in a terminal o_8, t = 3
+            [
+                r(3) + g * r(4) + g**2 * r(5) + g**3 * v(6),
+                r(4) + g * r(5) + g**2 * r(6) + g**3 * v(7),
+                r(5) + g * r(6) + g**2 * r(7),
+                r(6) + g * r(7),
+            ],
+        ]
+    )
     # the written-out numbers, for the record: 2 + 1.5 + 1 + 13 = 17.5 etc.
     assert expect_value[0, 0] == 17.5 and expect_value[2, 0] == 6.5 and expect_value[3, 1] == 57.5
     expect_vmask = np.array([[1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 1]])
     np.testing.assert_allclose(batch.target_value, expect_value, rtol=1e-6)
     np.testing.assert_array_equal(batch.value_mask, expect_vmask)
 
-    expect_reward = np.array([
-        [r(1), r(2), r(3)],
-        [r(3), r(4), r(5)],
-        [r(3), r(4), 0.0],  # past a terminal: reward 0, trained on
-        [r(3), r(4), 0.0],  # past a truncation: masked
-        [r(3), r(4), r(5)],
-    ])
+    expect_reward = np.array(
+        [
+            [r(1), r(2), r(3)],
+            [r(3), r(4), r(5)],
+            [r(3), r(4), 0.0],  # past a terminal: reward 0, trained on
+            [r(3), r(4), 0.0],  # past a truncation: masked
+            [r(3), r(4), r(5)],
+        ]
+    )
     expect_rmask = np.array([[1, 1, 1], [1, 1, 1], [1, 1, 1], [1, 1, 0], [1, 1, 1]])
     np.testing.assert_array_equal(batch.target_reward, expect_reward)
     np.testing.assert_array_equal(batch.reward_mask, expect_rmask)
@@ -137,11 +159,19 @@ def test_hand_computed_targets():
             else:
                 assert 0 <= batch.actions[b, k] < A
     # observations: o_{min(t+k, M)}; obs_mask 1 for i <= M
-    np.testing.assert_array_equal(batch.obs[:, :, 0], [[101, 102, 103, 104], [103, 104, 105, 106],
-                                                       [103, 104, 105, 105], [103, 104, 105, 105],
-                                                       [103, 104, 105, 106]])
-    np.testing.assert_array_equal(batch.obs_mask, [[1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 0], [1, 1, 1, 0],
-                                                   [1, 1, 1, 1]])
+    np.testing.assert_array_equal(
+        batch.obs[:, :, 0],
+        [
+            [101, 102, 103, 104],
+            [103, 104, 105, 106],
+            [103, 104, 105, 105],
+            [103, 104, 105, 105],
+            [103, 104, 105, 106],
+        ],
+    )
+    np.testing.assert_array_equal(
+        batch.obs_mask, [[1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 0], [1, 1, 1, 0], [1, 1, 1, 1]]
+    )
     # no bootstrap value was ever taken from a terminal observation (o_5 of `terminated`, o_8 of the last)
     asked = np.concatenate(vf.calls)[:, 0]
     assert 108.0 not in asked
@@ -153,8 +183,15 @@ def test_hand_computed_targets():
 def test_terminal_batch_never_calls_value_fn():
     seg = hand_segment(m=4, num_real=4, terminal=True, done=True)
     vf = RecordingValue()
-    batch = make_batch(sample_of([seg], [1]), num_unroll_steps=2, td_steps=5, discount=0.9, num_actions=A,
-                       value_fn=vf, rng=np.random.default_rng(0))
+    batch = make_batch(
+        sample_of([seg], [1]),
+        num_unroll_steps=2,
+        td_steps=5,
+        discount=0.9,
+        num_actions=A,
+        value_fn=vf,
+        rng=np.random.default_rng(0),
+    )
     assert vf.calls == []
     # i = 1: 2 + .9 * 3 + .81 * 4; i = 2: 3 + .9 * 4; i = 3: 4
     np.testing.assert_allclose(batch.target_value[0], [2 + 0.9 * 3 + 0.81 * 4, 3 + 0.9 * 4, 4.0], rtol=1e-6)
@@ -169,8 +206,15 @@ def test_bootstrap_uses_stacked_window():
         seen.append(obs.copy())
         return 1000.0 * obs[:, 0] + obs[:, 2]  # oldest frame x 1000 + newest frame
 
-    batch = make_batch(sample_of([seg], [0]), num_unroll_steps=1, td_steps=2, discount=1.0, num_actions=A,
-                       value_fn=vf, rng=np.random.default_rng(0))
+    batch = make_batch(
+        sample_of([seg], [0]),
+        num_unroll_steps=1,
+        td_steps=2,
+        discount=1.0,
+        num_actions=A,
+        value_fn=vf,
+        rng=np.random.default_rng(0),
+    )
     # k=0: r0 + r1 + v([o1, o2]); k=1: r1 + r2 + v([o2, o3])
     np.testing.assert_allclose(batch.target_value[0], [1 + 2 + 101_000 + 102, 2 + 3 + 102_000 + 103])
     # position 0's window is [reset copy, o0]
@@ -255,8 +299,15 @@ def test_make_batch_equals_plain_loop(frame_stack, td):
 
     segs = [random_segment(rng, frame_stack) for _ in range(40)]
     pos = [int(rng.integers(0, s.num_real)) for s in segs]
-    batch = make_batch(sample_of(segs, pos), num_unroll_steps=K, td_steps=td, discount=gamma, num_actions=3,
-                       value_fn=value, rng=np.random.default_rng(1))
+    batch = make_batch(
+        sample_of(segs, pos),
+        num_unroll_steps=K,
+        td_steps=td,
+        discount=gamma,
+        num_actions=3,
+        value_fn=value,
+        rng=np.random.default_rng(1),
+    )
     assert any(s.terminal_at_end for s in segs) and any(not s.terminal_at_end for s in segs)
     assert any(t + K >= s.num_stored for s, t in zip(segs, pos))
     for b, (seg, t) in enumerate(zip(segs, pos)):
@@ -275,8 +326,16 @@ def test_make_batch_equals_plain_loop(frame_stack, td):
             else:
                 assert 0 <= batch.actions[b, k] < 3
     # all_obs=False: only k = 0
-    first = make_batch(sample_of(segs, pos), num_unroll_steps=K, td_steps=td, discount=gamma, num_actions=3,
-                       value_fn=value, rng=np.random.default_rng(1), all_obs=False)
+    first = make_batch(
+        sample_of(segs, pos),
+        num_unroll_steps=K,
+        td_steps=td,
+        discount=gamma,
+        num_actions=3,
+        value_fn=value,
+        rng=np.random.default_rng(1),
+        all_obs=False,
+    )
     assert first.obs.shape == (40, 1, 2 * frame_stack)
     np.testing.assert_array_equal(first.obs[:, 0], batch.obs[:, 0])
     np.testing.assert_array_equal(first.target_value, batch.target_value)
@@ -303,9 +362,17 @@ def test_reanalyze_writes_back_and_is_the_target():
         p = 0.05 + 0.9 * (obs[:, 0] % 100) / 100.0  # depends on the observation it was given
         return np.stack([p, 1 - p], axis=1).astype(np.float32)
 
-    batch = make_batch(sample_of(segs, positions), num_unroll_steps=K, td_steps=2, discount=0.9,
-                       num_actions=A, value_fn=RecordingValue(), rng=np.random.default_rng(0),
-                       reanalyze_count=2, reanalyze_fn=reanalyze_fn)
+    batch = make_batch(
+        sample_of(segs, positions),
+        num_unroll_steps=K,
+        td_steps=2,
+        discount=0.9,
+        num_actions=A,
+        value_fn=RecordingValue(),
+        rng=np.random.default_rng(0),
+        reanalyze_count=2,
+        reanalyze_fn=reanalyze_fn,
+    )
     assert len(calls) == 1
     obs, legal = calls[0]
     # positions searched: seg 0 at 2, 3, 4, 5 and seg 1 at 3, 4 (stored data ends at M = 5)
@@ -343,8 +410,16 @@ def test_extra_stats_are_gathered_per_unroll_step():
     for s in segs:
         s.stats["improved_policy"] = rng.random((s.num_stored, 3)).astype(np.float32)
     positions = [int(rng.integers(s.num_real)) for s in segs]
-    batch = make_batch(sample_of(segs, positions), num_unroll_steps=4, td_steps=3, discount=0.9, num_actions=3,
-                       value_fn=lambda o: np.zeros(len(o)), rng=rng, extra_stats=("improved_policy",))
+    batch = make_batch(
+        sample_of(segs, positions),
+        num_unroll_steps=4,
+        td_steps=3,
+        discount=0.9,
+        num_actions=3,
+        value_fn=lambda o: np.zeros(len(o)),
+        rng=rng,
+        extra_stats=("improved_policy",),
+    )
     got = batch.extras["improved_policy"]
     assert got.shape == (6, 5, 3)
     for b, (s, t) in enumerate(zip(segs, positions)):

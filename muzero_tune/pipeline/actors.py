@@ -27,7 +27,9 @@ COLLECTOR_SEED_STRIDE = 1000
 class _Worker:
     kind = ""
 
-    def __init__(self, flat_cfg: dict, actor_id: int, incarnation: int, fault: FaultSpec | None, num_gpus: float):
+    def __init__(
+        self, flat_cfg: dict, actor_id: int, incarnation: int, fault: FaultSpec | None, num_gpus: float
+    ):
         setup_torch_threads()
         self.cfg = from_flat_dict(flat_cfg)
         self.actor_id = actor_id
@@ -58,8 +60,12 @@ class _Worker:
 
         # local mode runs without Ray; get_runtime_context() would start a Ray instance
         pg_id = ray.get_runtime_context().get_placement_group_id() if ray.is_initialized() else None
-        return {"pid": os.getpid(), "placement_group_id": pg_id,
-                "actor_id": self.actor_id, "incarnation": self.incarnation}
+        return {
+            "pid": os.getpid(),
+            "placement_group_id": pg_id,
+            "actor_id": self.actor_id,
+            "incarnation": self.incarnation,
+        }
 
     def _load(self, snapshot: WeightsSnapshot) -> None:
         if snapshot.version == self.version:
@@ -84,12 +90,19 @@ class _Worker:
 class CollectorWorker(_Worker):
     kind = "collector"
 
-    def __init__(self, flat_cfg: dict, actor_id: int, incarnation: int = 0, fault: FaultSpec | None = None,
-                 num_gpus: float = 0.0):
+    def __init__(
+        self,
+        flat_cfg: dict,
+        actor_id: int,
+        incarnation: int = 0,
+        fault: FaultSpec | None = None,
+        num_gpus: float = 0.0,
+    ):
         super().__init__(flat_cfg, actor_id, incarnation, fault, num_gpus)
         seed = self.cfg.seed + COLLECTOR_SEED_STRIDE * actor_id + 100 * incarnation
-        self.worker = SegmentCollector(self.cfg, self.policy, self.spec, seed=seed, make=self._make,
-                                       actor_id=actor_id)
+        self.worker = SegmentCollector(
+            self.cfg, self.policy, self.spec, seed=seed, make=self._make, actor_id=actor_id
+        )
 
     def collect(self, snapshot_box: list[WeightsSnapshot], temperature: float) -> CollectResult:
         """One collect with the boxed snapshot's weights (boxed so Ray does not fetch it every call)."""
@@ -101,12 +114,24 @@ class CollectorWorker(_Worker):
 class EvaluatorWorker(_Worker):
     kind = "evaluator"
 
-    def __init__(self, flat_cfg: dict, actor_id: int, incarnation: int = 0, fault: FaultSpec | None = None,
-                 num_gpus: float = 0.0):
+    def __init__(
+        self,
+        flat_cfg: dict,
+        actor_id: int,
+        incarnation: int = 0,
+        fault: FaultSpec | None = None,
+        num_gpus: float = 0.0,
+    ):
         super().__init__(flat_cfg, actor_id, incarnation, fault, num_gpus)
         # every evaluator uses the same episode seeds, so any of them reproduces a checkpoint's reward
-        self.worker = Evaluator(self.cfg, self.policy, self.spec, seed=self.cfg.seed + EVAL_SEED_OFFSET,
-                                make=self._make, actor_id=actor_id)
+        self.worker = Evaluator(
+            self.cfg,
+            self.policy,
+            self.spec,
+            seed=self.cfg.seed + EVAL_SEED_OFFSET,
+            make=self._make,
+            actor_id=actor_id,
+        )
 
     def evaluate(self, snapshot_box: list[WeightsSnapshot]) -> EvalResult:
         self._load(snapshot_box[0])

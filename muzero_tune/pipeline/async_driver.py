@@ -105,8 +105,14 @@ class AsyncStats:
 class AsyncDriver:
     """See the module docstring. Use :func:`train_muzero_segment_async`."""
 
-    def __init__(self, cfg: ExperimentConfig, reporter: Reporter, *, placement: ActorPlacement | None = None,
-                 fault: FaultSpec | None = None):
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        reporter: Reporter,
+        *,
+        placement: ActorPlacement | None = None,
+        fault: FaultSpec | None = None,
+    ):
         import ray
 
         self.cfg = cfg
@@ -134,12 +140,8 @@ class AsyncDriver:
             "collector": self.ray.remote(CollectorWorker),
             "evaluator": self.ray.remote(EvaluatorWorker),
         }
-        self.collectors = [
-            _Slot("collector", i, 0) for i in range(self.ap.num_collector_actors)
-        ]
-        self.evaluators = [
-            _Slot("evaluator", j, 0) for j in range(self.ap.num_evaluator_actors)
-        ]
+        self.collectors = [_Slot("collector", i, 0) for i in range(self.ap.num_collector_actors)]
+        self.evaluators = [_Slot("evaluator", j, 0) for j in range(self.ap.num_evaluator_actors)]
 
     # ------------------------------------------------------------------ actors
 
@@ -147,12 +149,22 @@ class AsyncDriver:
         ap = self.ap
         cpus = ap.collector_num_cpus if slot.kind == "collector" else ap.evaluator_num_cpus
         gpus = ap.collector_num_gpus if slot.kind == "collector" else ap.evaluator_num_gpus
-        slot.bundle = (self.placement.collector_bundle(slot.index) if slot.kind == "collector"
-                       else self.placement.evaluator_bundle(slot.index))
-        opts = {"num_cpus": cpus, "num_gpus": gpus, "max_restarts": 0, "max_concurrency": 1,
-                **self.placement.options(slot.bundle)}
-        slot.handle = self._remote[slot.kind].options(**opts).remote(
-            self.core.flat_config, slot.index, slot.incarnation, self.fault, gpus
+        slot.bundle = (
+            self.placement.collector_bundle(slot.index)
+            if slot.kind == "collector"
+            else self.placement.evaluator_bundle(slot.index)
+        )
+        opts = {
+            "num_cpus": cpus,
+            "num_gpus": gpus,
+            "max_restarts": 0,
+            "max_concurrency": 1,
+            **self.placement.options(slot.bundle),
+        }
+        slot.handle = (
+            self._remote[slot.kind]
+            .options(**opts)
+            .remote(self.core.flat_config, slot.index, slot.incarnation, self.fault, gpus)
         )
 
     def start_actors(self) -> None:
@@ -165,8 +177,9 @@ class AsyncDriver:
             from muzero_tune.pipeline.placement import bundles
 
             raise RuntimeError(
-                f"only {len(ready)} of {len(pings)} actors started within {self.ap.actor_start_timeout_s:g} s "
-                f"(policy.async_pipeline.actor_start_timeout_s); resources: {describe_shortfall(bundles(self.cfg))}"
+                f"only {len(ready)} of {len(pings)} actors started within "
+                f"{self.ap.actor_start_timeout_s:g} s (policy.async_pipeline.actor_start_timeout_s); "
+                f"resources: {describe_shortfall(bundles(self.cfg))}"
             )
         self.actor_info = self.ray.get(ready)
 
@@ -184,8 +197,9 @@ class AsyncDriver:
         if slot.restarts >= self.ap.max_actor_restarts:
             raise ActorFailureError(
                 f"{slot.kind} actor {slot.index} failed ({why}) and its restarts are exhausted "
-                f"({slot.restarts} of policy.async_pipeline.max_actor_restarts={self.ap.max_actor_restarts}); "
-                f"the run stopped at env_steps={self.core.counters.env_steps} train_iter={self.core.train_iter}; "
+                f"({slot.restarts} of policy.async_pipeline.max_actor_restarts="
+                f"{self.ap.max_actor_restarts}); the run stopped at env_steps={self.core.counters.env_steps} "
+                f"train_iter={self.core.train_iter}; "
                 f"its last checkpoint is intact"
             )
         slot.restarts += 1
@@ -218,9 +232,12 @@ class AsyncDriver:
 
     def _publish_if_due(self) -> WeightsSnapshot:
         last = self.published.version if self.published is not None else None
-        if schedule.should_publish(current_version=self.core.train_iter, last_published=last,
-                                   weight_sync_interval=self.ap.weight_sync_interval,
-                                   max_policy_lag=self.ap.max_policy_lag):
+        if schedule.should_publish(
+            current_version=self.core.train_iter,
+            last_published=last,
+            weight_sync_interval=self.ap.weight_sync_interval,
+            max_policy_lag=self.ap.max_policy_lag,
+        ):
             self.published, self.published_weights = self._snapshot()
             self.stats.publishes += 1
             self.stats.publish_versions.append(self.published.version)
@@ -232,8 +249,10 @@ class AsyncDriver:
         if len(self.evals) >= self.ap.max_eval_inflight:
             return
         due = force or schedule.should_eval(
-            train_iter=self.core.train_iter, last_eval_iter=self.last_eval_launch,
-            eval_freq=self.cfg.eval.eval_freq, eval_at_start=self.ap.eval_at_start,
+            train_iter=self.core.train_iter,
+            last_eval_iter=self.last_eval_launch,
+            eval_freq=self.cfg.eval.eval_freq,
+            eval_at_start=self.ap.eval_at_start,
         )
         if not due:
             return
@@ -257,8 +276,11 @@ class AsyncDriver:
         c = self.core.counters
         if self.stop_requested or c.env_steps >= self.cfg.max_env_step:
             return
-        if schedule.backpressure(queued_budgets=len(self.budgets), max_queue=self.ap.max_train_budget_queue_size,
-                                 trainable=self.core.trainable()):
+        if schedule.backpressure(
+            queued_budgets=len(self.budgets),
+            max_queue=self.ap.max_train_budget_queue_size,
+            trainable=self.core.trainable(),
+        ):
             return
         busy = {launch.slot.index for launch in self.collects.values()}
         n = len(self.collectors)
@@ -292,8 +314,12 @@ class AsyncDriver:
             st.max_budget_queue = max(st.max_budget_queue, len(self.budgets))
 
     def _on_eval(self, launch: _Launch, result: EvalResult) -> None:
-        row = self.core.record_eval(result, launch.weights, train_iter_at_launch=launch.train_iter,
-                                    extra={"pipeline": "async", **self.pipeline_metrics()})
+        row = self.core.record_eval(
+            result,
+            launch.weights,
+            train_iter_at_launch=launch.train_iter,
+            extra={"pipeline": "async", **self.pipeline_metrics()},
+        )
         self.eval_rows.append(row)
         if self.core.reached_stop_value(result.reward_mean):
             self.stop_requested = True
@@ -313,7 +339,10 @@ class AsyncDriver:
 
     def _check_timeouts(self) -> None:
         now = time.monotonic()
-        for table, limit in ((self.collects, self.ap.collect_timeout_s), (self.evals, self.ap.eval_timeout_s)):
+        for table, limit in (
+            (self.collects, self.ap.collect_timeout_s),
+            (self.evals, self.ap.eval_timeout_s),
+        ):
             for ref, launch in list(table.items()):
                 if now - launch.t_launch > limit:
                     if self.ray.wait([ref], timeout=0)[0]:  # finished meanwhile: handled next pass
@@ -374,7 +403,8 @@ class AsyncDriver:
         wall = max(time.monotonic() - self._t0, 1e-9)
         n_col = max(1, len(self.collectors))
         busy = sum(s.busy_s for s in self.collectors) + sum(
-            time.monotonic() - launch.t_launch for launch in self.collects.values())
+            time.monotonic() - launch.t_launch for launch in self.collects.values()
+        )
         recent = 0.0
         if len(self._window) >= 2:
             (t_a, e_a), (t_b, e_b) = self._window[0], self._window[-1]
@@ -436,7 +466,10 @@ class AsyncDriver:
         deadline = time.monotonic() + self.ap.eval_timeout_s
         while self.evals and time.monotonic() < deadline:
             self.process_completed(self.ap.poll_interval_s)
-        if reason not in ("stop_value", "max_wall_s") and self.core.counters.last_eval_iter != self.core.train_iter:
+        if (
+            reason not in ("stop_value", "max_wall_s")
+            and self.core.counters.last_eval_iter != self.core.train_iter
+        ):
             self.last_eval_launch = None
             self._maybe_launch_eval(force=True)
             # its own timeout: a hung evaluation above (and its restart) may have used up the first one
@@ -493,8 +526,11 @@ def train_muzero_segment_async(
         driver_out.append(driver)
     try:
         if placement is None:
-            placement = standalone_placement(cfg, learner_on_gpu=driver.core.learner.device.type == "cuda",
-                                             timeout_s=driver.ap.actor_start_timeout_s)
+            placement = standalone_placement(
+                cfg,
+                learner_on_gpu=driver.core.learner.device.type == "cuda",
+                timeout_s=driver.ap.actor_start_timeout_s,
+            )
         driver.placement = placement
         if resume_from is not None:
             ckpt = load_checkpoint(resume_from) if isinstance(resume_from, str) else resume_from

@@ -113,7 +113,9 @@ def describe_shortfall(bs: list[dict[str, float]]) -> str:
     need = total_resources(bs)
     have = ray.cluster_resources()
     free = ray.available_resources()
-    parts = [f"{k}: need {v:g}, cluster has {have.get(k, 0):g}, free {free.get(k, 0):g}" for k, v in need.items()]
+    parts = [
+        f"{k}: need {v:g}, cluster has {have.get(k, 0):g}, free {free.get(k, 0):g}" for k, v in need.items()
+    ]
     return "; ".join(parts)
 
 

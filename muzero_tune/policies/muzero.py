@@ -109,7 +109,9 @@ class MuZeroPolicy(Policy):
         model.train(was_training)
         return out, predicted.cpu().numpy().astype(np.float32)
 
-    def act(self, model, obs, legal_mask, *, explore, temperature, rng, state=None, env_index=None) -> ActOutput:
+    def act(
+        self, model, obs, legal_mask, *, explore, temperature, rng, state=None, env_index=None
+    ) -> ActOutput:
         deterministic = (not explore) and self.cfg.mcts.deterministic_eval
         out, predicted = self._search_roots(
             model, obs, legal_mask, add_noise=explore, deterministic=deterministic, rng=rng

@@ -22,8 +22,9 @@ class RunSeries:
         return [v for _, v in sorted(self.series.get(key, []))]
 
 
-def read_runs(tracking_uri: str, experiment: str, *, keys=("reward_mean", "wall_s", "envstep", "envstep_per_s")
-              ) -> list[RunSeries]:
+def read_runs(
+    tracking_uri: str, experiment: str, *, keys=("reward_mean", "wall_s", "envstep", "envstep_per_s")
+) -> list[RunSeries]:
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri)
@@ -52,15 +53,24 @@ def plot_runs(runs: list[RunSeries], out_dir: str) -> list[str]:
     os.makedirs(out_dir, exist_ok=True)
     colors = {"sync": "tab:blue", "async": "tab:orange"}
     paths = []
-    for x_key, fname, xlabel in (("wall_s", "reward_vs_wall.png", "wall-clock (s)"),
-                                 ("envstep", "reward_vs_envstep.png", "env steps")):
+    for x_key, fname, xlabel in (
+        ("wall_s", "reward_vs_wall.png", "wall-clock (s)"),
+        ("envstep", "reward_vs_envstep.png", "env steps"),
+    ):
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for r in runs:
             xs, ys = r.values(x_key), r.values("reward_mean")
             n = min(len(xs), len(ys))
             pipe = r.tags.get("pipeline", "?")
-            ax.plot(xs[:n], ys[:n], marker="o", ms=3, color=colors.get(pipe), alpha=0.8,
-                    label=f"{pipe} seed={r.tags.get('seed', '?')} {r.name[-12:]}")
+            ax.plot(
+                xs[:n],
+                ys[:n],
+                marker="o",
+                ms=3,
+                color=colors.get(pipe),
+                alpha=0.8,
+                label=f"{pipe} seed={r.tags.get('seed', '?')} {r.name[-12:]}",
+            )
         ax.set_xlabel(xlabel)
         ax.set_ylabel("eval reward_mean")
         ax.set_title(f"reward_mean vs {xlabel}")
@@ -102,8 +112,10 @@ def summarize(runs: list[RunSeries]) -> dict[str, dict[str, float]]:
             agg[pipe]["envstep_per_s"].append(r.values("envstep_per_s")[-1])
         if r.values("reward_mean"):
             agg[pipe]["reward_best"].append(max(r.values("reward_mean")))
-    return {p: {"runs": float(len(d["reward_best"])), **{k: sum(v) / len(v) for k, v in d.items() if v}}
-            for p, d in agg.items()}
+    return {
+        p: {"runs": float(len(d["reward_best"])), **{k: sum(v) / len(v) for k, v in d.items() if v}}
+        for p, d in agg.items()
+    }
 
 
 def compare(tracking_uri: str, experiment: str, out_dir: str, *, log_artifacts: bool = True) -> dict:

@@ -34,8 +34,17 @@ def ensure_experiment(tracking_uri: str, name: str, artifact_root: str) -> str:
 class TrialRun:
     """The MLflow run of one trial."""
 
-    def __init__(self, *, tracking_uri: str, experiment_name: str, artifact_root: str, trial_id: str,
-                 run_name: str, params: dict, tags: dict):
+    def __init__(
+        self,
+        *,
+        tracking_uri: str,
+        experiment_name: str,
+        artifact_root: str,
+        trial_id: str,
+        run_name: str,
+        params: dict,
+        tags: dict,
+    ):
         from mlflow.entities import Param, RunTag
         from mlflow.tracking import MlflowClient
 
@@ -61,8 +70,11 @@ class TrialRun:
         from mlflow.entities import Metric
 
         ts = int(time.time() * 1000)
-        items = [Metric(k, float(v), ts, step) for k, v in metrics.items()
-                 if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v]
+        items = [
+            Metric(k, float(v), ts, step)
+            for k, v in metrics.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
+        ]
         for lo in range(0, len(items), 1000):
             self.client.log_batch(self.run_id, metrics=items[lo : lo + 1000])
 

@@ -66,7 +66,8 @@ def check_fits_cluster(cfg: ExperimentConfig, param_space: dict[str, Any]) -> No
         for res, amount in need.items():
             if amount > have.get(res, 0.0) + 1e-9:
                 raise ConfigError(
-                    "placement", need,
+                    "placement",
+                    need,
                     f"a trial needs {amount:g} {res} but the Ray cluster has {have.get(res, 0.0):g}: reduce "
                     f"policy.async_pipeline.num_collector_actors / num_evaluator_actors / *_num_cpus / "
                     f"*_num_gpus or learn.device, or start Ray with more resources",
@@ -81,8 +82,15 @@ class SweepResult:
     experiment_name: str
 
 
-def _tune_configs(cfg: ExperimentConfig, space, *, samples: int | None, scheduler: str | None,
-                  max_concurrent: int | None, seed: int):
+def _tune_configs(
+    cfg: ExperimentConfig,
+    space,
+    *,
+    samples: int | None,
+    scheduler: str | None,
+    max_concurrent: int | None,
+    seed: int,
+):
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
     from ray.tune.search import ConcurrencyLimiter
@@ -94,11 +102,18 @@ def _tune_configs(cfg: ExperimentConfig, space, *, samples: int | None, schedule
         search_alg = ConcurrencyLimiter(space.search_alg(seed), max_concurrent=concurrency)
     sched = None
     if use_asha:
-        sched = ASHAScheduler(time_attr="training_iteration", max_t=space.asha_max_t,
-                              grace_period=space.asha_grace_period, reduction_factor=2)
+        sched = ASHAScheduler(
+            time_attr="training_iteration",
+            max_t=space.asha_max_t,
+            grace_period=space.asha_grace_period,
+            reduction_factor=2,
+        )
     return tune.TuneConfig(
-        metric="reward_mean", mode="max", num_samples=samples or space.num_samples,
-        search_alg=search_alg, scheduler=sched,
+        metric="reward_mean",
+        mode="max",
+        num_samples=samples or space.num_samples,
+        search_alg=search_alg,
+        scheduler=sched,
         max_concurrent_trials=None if search_alg is not None else concurrency,
     )
 
@@ -111,7 +126,8 @@ def _run_config(cfg: ExperimentConfig, name: str, storage: str):
         storage_path=storage,
         checkpoint_config=tune.CheckpointConfig(
             num_to_keep=cfg.tune.checkpoint_num_to_keep,
-            checkpoint_score_attribute="reward_mean", checkpoint_score_order="max",
+            checkpoint_score_attribute="reward_mean",
+            checkpoint_score_order="max",
         ),
         failure_config=tune.FailureConfig(max_failures=cfg.tune.max_failures),
         sync_config=tune.SyncConfig(sync_period=cfg.tune.sync_period_s),
@@ -128,8 +144,11 @@ def init_ray_for(cfg: ExperimentConfig, concurrency: int, num_cpus: int | None =
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     async_cfg = apply_overrides(cfg, {"policy.async_pipeline.enabled": True})
     per_trial = trial_resources(async_cfg).get("CPU", 1.0)
-    ray.init(num_cpus=num_cpus or max(os.cpu_count() or 1, int(per_trial * concurrency + 0.999)),
-             include_dashboard=False, ignore_reinit_error=True)
+    ray.init(
+        num_cpus=num_cpus or max(os.cpu_count() or 1, int(per_trial * concurrency + 0.999)),
+        include_dashboard=False,
+        ignore_reinit_error=True,
+    )
 
 
 def run_sweep(
@@ -170,18 +189,28 @@ def run_sweep(
     if cfg.tune.mlflow:
         tracking_uri = cfg.tune.mlflow_tracking_uri or default_tracking_uri(storage)
         ensure_experiment(tracking_uri, name, os.path.join(storage, "mlartifacts"))
-    trainable = make_trainable(cfg, sweep_name=name, experiment_name=name,
-                               mlflow_uri=tracking_uri)
+    trainable = make_trainable(cfg, sweep_name=name, experiment_name=name, mlflow_uri=tracking_uri)
     exp_path = os.path.join(storage, name)
     os.makedirs(exp_path, exist_ok=True)
     with open(os.path.join(exp_path, SWEEP_FILE), "w") as f:
-        json.dump({"space": space_name, "preset": preset, "name": name, "config": to_flat_dict(cfg),
-                   "tracking_uri": tracking_uri, "concurrency": concurrency}, f, indent=1)
+        json.dump(
+            {
+                "space": space_name,
+                "preset": preset,
+                "name": name,
+                "config": to_flat_dict(cfg),
+                "tracking_uri": tracking_uri,
+                "concurrency": concurrency,
+            },
+            f,
+            indent=1,
+        )
     tuner = tune.Tuner(
         trainable,
         param_space=param_space,
-        tune_config=_tune_configs(cfg, space, samples=samples, scheduler=scheduler,
-                                  max_concurrent=max_concurrent, seed=cfg.seed),
+        tune_config=_tune_configs(
+            cfg, space, samples=samples, scheduler=scheduler, max_concurrent=max_concurrent, seed=cfg.seed
+        ),
         run_config=_run_config(cfg, name, storage),
     )
     results = tuner.fit()
@@ -205,7 +234,8 @@ def resume_sweep(path: str, *, num_cpus: int | None = None) -> SweepResult:
     init_ray_for(cfg, int(meta.get("concurrency", 2)), num_cpus)
     if not tune.Tuner.can_restore(path):
         raise ConfigError("PATH", path, "Tune cannot restore this folder (no experiment state)")
-    trainable = make_trainable(cfg, sweep_name=meta["name"], experiment_name=meta["name"],
-                               mlflow_uri=meta["tracking_uri"])
+    trainable = make_trainable(
+        cfg, sweep_name=meta["name"], experiment_name=meta["name"], mlflow_uri=meta["tracking_uri"]
+    )
     tuner = tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True, resume_errored=True)
     return SweepResult(path, tuner.fit(), meta["tracking_uri"], meta["name"])

@@ -22,16 +22,33 @@ from muzero_tune.tune.resources import placement_group_factory
 
 CHECKPOINT_FILE = "checkpoint.pt"
 REPORT_KEYS = (
-    "reward_mean", "reward_std", "reward_best", "envstep", "envstep_per_s", "train_iter", "train_iter_per_s",
-    "policy_lag_mean", "policy_lag_max", "wall_s", "eval_index", "policy_version", "pipeline",
+    "reward_mean",
+    "reward_std",
+    "reward_best",
+    "envstep",
+    "envstep_per_s",
+    "train_iter",
+    "train_iter_per_s",
+    "policy_lag_mean",
+    "policy_lag_max",
+    "wall_s",
+    "eval_index",
+    "policy_version",
+    "pipeline",
 )
 
 
 class TuneReporter:
     """Reports each evaluation to Tune (metrics + checkpoint) and to the trial's MLflow run."""
 
-    def __init__(self, cfg: ExperimentConfig, *, mlflow_run=None, driver_out: list | None = None,
-                 report_keys: list[str] | None = None):
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        *,
+        mlflow_run=None,
+        driver_out: list | None = None,
+        report_keys: list[str] | None = None,
+    ):
         self.cfg = cfg
         self.flat_config = to_flat_dict(cfg)
         self.mlflow_run = mlflow_run
@@ -51,7 +68,9 @@ class TuneReporter:
     def on_eval(self, metrics: dict, evaluated: dict, resume_state: Callable[[], dict]) -> None:
         from ray import tune
 
-        report = {k: v for k, v in metrics.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)}
+        report = {
+            k: v for k, v in metrics.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)
+        }
         if self.driver_out and not self._placement_reported:  # first report of this (re)start
             report.update(actor_placement(self.driver_out[0]))
             self._placement_reported = True
@@ -59,18 +78,26 @@ class TuneReporter:
             self.report_keys = [*report, "checkpoint_bytes", "checkpoint_write_s"]
         with tempfile.TemporaryDirectory(prefix="muzero_tune_ckpt_") as d:
             t0 = time.perf_counter()
-            size = save_checkpoint(os.path.join(d, CHECKPOINT_FILE), {
-                "format": FORMAT, "config": self.flat_config, "evaluated": evaluated, "resume": resume_state(),
-                "report_keys": self.report_keys,
-            })
+            size = save_checkpoint(
+                os.path.join(d, CHECKPOINT_FILE),
+                {
+                    "format": FORMAT,
+                    "config": self.flat_config,
+                    "evaluated": evaluated,
+                    "resume": resume_state(),
+                    "report_keys": self.report_keys,
+                },
+            )
             self.checkpoint_write_s.append(time.perf_counter() - t0)
             self.checkpoint_bytes.append(size)
             report["checkpoint_bytes"] = size
             report["checkpoint_write_s"] = self.checkpoint_write_s[-1]
             if self.mlflow_run is not None:
                 self.mlflow_run.log_metrics(report, step=int(metrics["eval_index"]))
-            tune.report({k: report.get(k, float("nan")) for k in self.report_keys},
-                        checkpoint=tune.Checkpoint.from_directory(d))
+            tune.report(
+                {k: report.get(k, float("nan")) for k in self.report_keys},
+                checkpoint=tune.Checkpoint.from_directory(d),
+            )
 
     def close(self) -> None:
         pass
@@ -87,8 +114,11 @@ def actor_placement(driver) -> dict:
     infos = list(getattr(driver, "actor_info", None) or [])
     in_pg = bool(infos) and all(i["placement_group_id"] == pg_id for i in infos)
     free = ray.available_resources()
-    in_use = [i for i, spec in enumerate(pg.bundle_specs if pg is not None else [])
-              if any(free.get(f"{r}_group_{i}_{pg_id}", 0.0) < amount - 1e-9 for r, amount in spec.items())]
+    in_use = [
+        i
+        for i, spec in enumerate(pg.bundle_specs if pg is not None else [])
+        if any(free.get(f"{r}_group_{i}_{pg_id}", 0.0) < amount - 1e-9 for r, amount in spec.items())
+    ]
     return {
         "placement/trial_pg_id": pg_id,
         "placement/actors": len(infos),
@@ -109,8 +139,15 @@ def trial_tags(cfg: ExperimentConfig, sweep_name: str) -> dict[str, str]:
     }
 
 
-def run_trial(config: dict, *, base_flat: dict, sweep_name: str, mlflow_uri: str | None, experiment_name: str,
-              artifact_root: str) -> None:
+def run_trial(
+    config: dict,
+    *,
+    base_flat: dict,
+    sweep_name: str,
+    mlflow_uri: str | None,
+    experiment_name: str,
+    artifact_root: str,
+) -> None:
     """The trial body (module-level so Ray can pickle the trainable by reference)."""
     from ray import tune
 
@@ -123,8 +160,12 @@ def run_trial(config: dict, *, base_flat: dict, sweep_name: str, mlflow_uri: str
         from muzero_tune.tune.mlflow_log import TrialRun
 
         mlflow_run = TrialRun(
-            tracking_uri=mlflow_uri, experiment_name=experiment_name, artifact_root=artifact_root,
-            trial_id=ctx.get_trial_id(), run_name=ctx.get_trial_name(), params=to_flat_dict(cfg),
+            tracking_uri=mlflow_uri,
+            experiment_name=experiment_name,
+            artifact_root=artifact_root,
+            trial_id=ctx.get_trial_id(),
+            run_name=ctx.get_trial_name(),
+            params=to_flat_dict(cfg),
             tags={**trial_tags(cfg, sweep_name), "trial_name": ctx.get_trial_name()},
         )
     resume = None
@@ -134,8 +175,9 @@ def run_trial(config: dict, *, base_flat: dict, sweep_name: str, mlflow_uri: str
             resume = load_checkpoint(os.path.join(d, CHECKPOINT_FILE))
     status = "FAILED"
     driver_out: list = []
-    reporter = TuneReporter(cfg, mlflow_run=mlflow_run, driver_out=driver_out,
-                            report_keys=(resume or {}).get("report_keys"))
+    reporter = TuneReporter(
+        cfg, mlflow_run=mlflow_run, driver_out=driver_out, report_keys=(resume or {}).get("report_keys")
+    )
     try:
         if cfg.policy.async_pipeline.enabled:
             from muzero_tune.pipeline.async_driver import train_muzero_segment_async
@@ -169,10 +211,18 @@ def make_trainable(
 
     storage = os.path.abspath(cfg.tune.storage_path)
     if mlflow_uri == "default":
-        mlflow_uri = (cfg.tune.mlflow_tracking_uri or default_tracking_uri(storage)) if cfg.tune.mlflow else None
+        mlflow_uri = (
+            (cfg.tune.mlflow_tracking_uri or default_tracking_uri(storage)) if cfg.tune.mlflow else None
+        )
     base_flat = to_flat_dict(cfg)
-    fn = partial(run_trial, base_flat=base_flat, sweep_name=sweep_name, mlflow_uri=mlflow_uri,
-                 experiment_name=experiment_name or sweep_name, artifact_root=os.path.join(storage, "mlartifacts"))
+    fn = partial(
+        run_trial,
+        base_flat=base_flat,
+        sweep_name=sweep_name,
+        mlflow_uri=mlflow_uri,
+        experiment_name=experiment_name or sweep_name,
+        artifact_root=os.path.join(storage, "mlartifacts"),
+    )
 
     def resources(trial_config: dict):
         return placement_group_factory(apply_overrides(cfg, trial_config or {}))
