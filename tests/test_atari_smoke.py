@@ -1,7 +1,5 @@
-"""Atari Pong smoke runs through the spec-style script, sync and async (slow: ~2 min each on 2 cores).
-
-    python -m pytest -q -m slow tests/test_atari_smoke.py
-"""
+"""Atari Pong smoke runs through the spec-style script, sync and async (about 25 s for both on 2 cores, so
+they are in the default tests)."""
 
 from __future__ import annotations
 
@@ -16,7 +14,6 @@ import torch
 SCRIPT = os.path.join(os.path.dirname(__file__), "..", "scripts", "atari_muzero_segment_async_config.py")
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("pipeline", ["sync", "async"])
 def test_pong_smoke_run_writes_loadable_checkpoints(pipeline, tmp_path):
     args = [sys.executable, SCRIPT, "--env", "ALE/Pong-v5", "--seed", "0", "--smoke",
