@@ -105,3 +105,13 @@ def test_cli_train_smoke(tmp_path, capsys):
     assert cli_main(args) == 0
     assert "stopped (max_env_step)" in capsys.readouterr().out
     assert cli_main(["train", "--set", "learn.batch_siz=3"]) == 2
+
+
+def test_continuous_env_with_a_discrete_policy_fails_clearly(tmp_path):
+    from muzero_tune.config import ConfigError
+
+    cfg = make_config("cartpole_muzero", overrides={**SMALL, "env.env_id": "Pendulum-v1",
+                                                    "logging.output_dir": str(tmp_path)})
+    with pytest.raises(ConfigError, match="continuous actions"):
+        train_muzero_segment(cfg)
+    assert not os.path.exists(os.path.join(str(tmp_path), cfg.exp_name))

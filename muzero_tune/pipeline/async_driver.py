@@ -30,7 +30,7 @@ from muzero_tune.pipeline import schedule
 from muzero_tune.pipeline.actors import CollectorWorker, EvaluatorWorker
 from muzero_tune.pipeline.checkpoint import load_checkpoint
 from muzero_tune.pipeline.collector import visit_temperature
-from muzero_tune.pipeline.core import DriverCore, RunSummary, setup_torch_threads
+from muzero_tune.pipeline.core import DriverCore, RunSummary, check_policy_env, setup_torch_threads
 from muzero_tune.pipeline.messages import CollectResult, EvalResult, WeightsSnapshot, weights_digest
 from muzero_tune.pipeline.placement import (
     ActorPlacement,
@@ -515,6 +515,7 @@ def train_muzero_segment_async(
     from muzero_tune.pipeline.sync_driver import default_reporter
 
     validate(cfg)
+    check_policy_env(cfg)
     setup_torch_threads()
     local = cfg.policy.async_pipeline.ray_local_mode
     if not local:

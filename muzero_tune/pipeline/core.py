@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from muzero_tune.config import ExperimentConfig, to_flat_dict
+from muzero_tune.config import ConfigError, ExperimentConfig, to_flat_dict
 from muzero_tune.envs import env_spec
 from muzero_tune.pipeline import schedule
 from muzero_tune.pipeline.checkpoint import to_numpy_tree
@@ -76,9 +76,25 @@ def make_spec(cfg: ExperimentConfig):
     )
 
 
-def make_policy(cfg: ExperimentConfig):
+def check_policy_env(cfg: ExperimentConfig):
+    """The policy class and env spec, after checking the policy supports the env's action space (called by
+    the drivers before anything is written or started; the spec is cached)."""
     spec = make_spec(cfg)
-    return get_policy_class(cfg.policy.type)(cfg, spec), spec
+    cls = get_policy_class(cfg.policy.type)
+    if spec.action_kind not in cls.action_kinds:
+        raise ConfigError(
+            "env.env_id", cfg.env.env_id,
+            f"policy.type '{cfg.policy.type}' needs {' or '.join(cls.action_kinds)} actions and this env has "
+            f"{spec.action_kind} actions (sampled_muzero / sampled_efficientzero handle continuous actions; "
+            f"not implemented yet)",
+        )
+    return cls, spec
+
+
+def make_policy(cfg: ExperimentConfig):
+    """The configured policy and its env spec."""
+    cls, spec = check_policy_env(cfg)
+    return cls(cfg, spec), spec
 
 
 class DriverCore:
@@ -102,7 +118,6 @@ class DriverCore:
         self.min_transitions = cfg.learn.min_replay_transitions or cfg.learn.batch_size
         self.t_start = time.monotonic()
         self._wall_offset = 0.0
-        self._last_metrics: dict = {}
         self.last_learn: LearnOutput | None = None
 
     # ------------------------------------------------------------------ counters

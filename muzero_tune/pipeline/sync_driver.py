@@ -12,7 +12,13 @@ import time
 from muzero_tune.config import ExperimentConfig, validate
 from muzero_tune.pipeline.checkpoint import load_checkpoint
 from muzero_tune.pipeline.collector import SegmentCollector, visit_temperature
-from muzero_tune.pipeline.core import EVAL_SEED_OFFSET, DriverCore, RunSummary, setup_torch_threads
+from muzero_tune.pipeline.core import (
+    EVAL_SEED_OFFSET,
+    DriverCore,
+    RunSummary,
+    check_policy_env,
+    setup_torch_threads,
+)
 from muzero_tune.pipeline.evaluator import Evaluator
 from muzero_tune.pipeline.reporter import Reporter, StandaloneReporter
 
@@ -44,6 +50,7 @@ def train_muzero_segment(
     with exact counters.
     """
     validate(cfg)
+    check_policy_env(cfg)
     setup_torch_threads()
     reporter = reporter or default_reporter(cfg)
     core = DriverCore(cfg, reporter)

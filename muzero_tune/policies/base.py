@@ -50,6 +50,7 @@ class Policy(ABC):
     """A MuZero-family policy type (see the module docstring)."""
 
     name: str = ""
+    action_kinds: tuple[str, ...] = ("discrete",)  # the action spaces this policy type supports
 
     def __init__(self, cfg: ExperimentConfig, spec: EnvSpec):
         self.cfg = cfg
