@@ -21,23 +21,6 @@ from muzero_tune.pipeline.checkpoint import FORMAT, load_checkpoint, save_checkp
 from muzero_tune.tune.resources import placement_group_factory
 
 CHECKPOINT_FILE = "checkpoint.pt"
-REPORT_KEYS = (
-    "reward_mean",
-    "reward_std",
-    "reward_best",
-    "envstep",
-    "envstep_per_s",
-    "train_iter",
-    "train_iter_per_s",
-    "policy_lag_mean",
-    "policy_lag_max",
-    "wall_s",
-    "eval_index",
-    "policy_version",
-    "pipeline",
-)
-
-
 class TuneReporter:
     """Reports each evaluation to Tune (metrics + checkpoint) and to the trial's MLflow run."""
 
