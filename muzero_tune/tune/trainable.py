@@ -21,6 +21,8 @@ from muzero_tune.pipeline.checkpoint import FORMAT, load_checkpoint, save_checkp
 from muzero_tune.tune.resources import placement_group_factory
 
 CHECKPOINT_FILE = "checkpoint.pt"
+
+
 class TuneReporter:
     """Reports each evaluation to Tune (metrics + checkpoint) and to the trial's MLflow run."""
 
