@@ -115,7 +115,7 @@ def test_search_expanding_children_never_changes_the_carried_latent():
         before = None if state.latent is None else state.latent.clone()
         out = _act(policy, model, _obs(rng, 2), state, [0, 1], rng=rng, explore=True)
         # the search expanded children whose latents differ from the root
-        children = policy._search._latents[1:9, :2]
+        children = policy._search._store.buf[1:9, :2]
         assert children.shape[0] == 8
         assert all(not torch.allclose(children[s], spy.roots[-1], atol=1e-4) for s in range(8))
         # the new state holds the root the search was given; the old state object is untouched

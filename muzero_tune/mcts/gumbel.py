@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 from muzero_tune.mcts import gumbel_kernels as gk
-from muzero_tune.mcts.search import RecurrentFn, Search, SearchOutput, _check_shape, _stage
+from muzero_tune.mcts.search import LatentStore, RecurrentFn, Search, SearchOutput, _check_shape, _stage
 
 
 class GumbelTreeArrays:
@@ -141,8 +141,7 @@ class GumbelMuZeroSearch(Search):
         self.discount = float(discount)
         self.value_delta_max = float(value_delta_max)
         self._tree = GumbelTreeArrays(num_actions=self._num_actions)
-        self._latents: torch.Tensor | None = None
-        self._batch_index: torch.Tensor | None = None
+        self._store = LatentStore()
 
     @property
     def num_actions(self) -> int:
@@ -155,24 +154,6 @@ class GumbelMuZeroSearch(Search):
     @property
     def tree(self) -> GumbelTreeArrays:
         return self._tree
-
-    def _latent_storage(self, root_latent: torch.Tensor, batch_size: int) -> torch.Tensor:
-        num_nodes = self._num_simulations + 1
-        buf = self._latents
-        if (
-            buf is None
-            or buf.shape[2:] != root_latent.shape[1:]
-            or buf.dtype != root_latent.dtype
-            or buf.device != root_latent.device
-            or buf.shape[0] < num_nodes
-            or buf.shape[1] < batch_size
-        ):
-            cap = batch_size if buf is None else max(batch_size, buf.shape[1])
-            buf = torch.empty((num_nodes, cap, *root_latent.shape[1:]), dtype=root_latent.dtype,
-                              device=root_latent.device)
-            self._latents = buf
-            self._batch_index = torch.arange(cap, device=root_latent.device)
-        return buf
 
     def run(
         self,
@@ -211,38 +192,99 @@ class GumbelMuZeroSearch(Search):
         else:
             t.gumbel[b] = 0.0
         gk.prepare_roots(
-            t.children, t.logits, t.prior, t.visit_count, t.value_sum, t.reward, t.raw_value, t.min_value,
-            t.max_value, t.root_legal, t.root_logits, t.root_value, t.gumbel, t.considered, t.survivor,
-            t.num_considered, t.num_survivors, t.phase, t.phase_target, bsz, num_nodes,
-            self.max_num_considered_actions, num_sims,
+            t.children,
+            t.logits,
+            t.prior,
+            t.visit_count,
+            t.value_sum,
+            t.reward,
+            t.raw_value,
+            t.min_value,
+            t.max_value,
+            t.root_legal,
+            t.root_logits,
+            t.root_value,
+            t.gumbel,
+            t.considered,
+            t.survivor,
+            t.num_considered,
+            t.num_survivors,
+            t.phase,
+            t.phase_target,
+            bsz,
+            num_nodes,
+            self.max_num_considered_actions,
+            num_sims,
         )
         knobs = (self.discount, self.value_delta_max, self.c_visit, self.c_scale)
         with torch.no_grad():
-            latents = self._latent_storage(root_latent, bsz)
+            latents, batch_index = self._store.ensure(root_latent, num_nodes=num_sims + 1, batch_size=bsz)
             latents[0, :bsz].copy_(root_latent)
-            batch_index = self._batch_index[:bsz]
             for sim in range(num_sims):
                 gk.select_leaves(
-                    t.children, t.logits, t.prior, t.visit_count, t.value_sum, t.reward, t.raw_value,
-                    t.min_value, t.max_value, t.root_legal, t.gumbel, t.survivor, t.num_considered,
-                    t.num_survivors, t.phase, t.phase_target, t.cq, t.sigma, t.scores, t.path, t.path_len,
-                    t.sel_parent, t.sel_action, t.root_trace, t.phase_trace, sim, bsz, num_sims, *knobs,
+                    t.children,
+                    t.logits,
+                    t.prior,
+                    t.visit_count,
+                    t.value_sum,
+                    t.reward,
+                    t.raw_value,
+                    t.min_value,
+                    t.max_value,
+                    t.root_legal,
+                    t.gumbel,
+                    t.survivor,
+                    t.num_considered,
+                    t.num_survivors,
+                    t.phase,
+                    t.phase_target,
+                    t.cq,
+                    t.sigma,
+                    t.scores,
+                    t.path,
+                    t.path_len,
+                    t.sel_parent,
+                    t.sel_action,
+                    t.root_trace,
+                    t.phase_trace,
+                    sim,
+                    bsz,
+                    num_sims,
+                    *knobs,
                 )
                 parent_node = torch.from_numpy(t.sel_parent[b]).to(device=latents.device, dtype=torch.long)
                 parent_latent = latents[parent_node, batch_index]
                 actions = t.sel_action[b].astype(np.int64)
                 next_latent, reward, value, logits = recurrent_fn(parent_latent, actions)
                 if tuple(next_latent.shape) != tuple(root_latent.shape):
-                    raise ValueError(f"recurrent_fn next_latent shape {tuple(next_latent.shape)} "
-                                     f"!= root_latent shape {tuple(root_latent.shape)}")
+                    raise ValueError(
+                        f"recurrent_fn next_latent shape {tuple(next_latent.shape)} "
+                        f"!= root_latent shape {tuple(root_latent.shape)}"
+                    )
                 latents[sim + 1, :bsz].copy_(next_latent)
                 _stage("reward", t.leaf_reward[b], reward)
                 _stage("value", t.leaf_value[b], value)
                 _stage("policy_logits", t.leaf_logits[b], logits)
                 gk.expand_and_backup(
-                    t.children, t.logits, t.prior, t.visit_count, t.value_sum, t.reward, t.raw_value,
-                    t.min_value, t.max_value, t.path, t.path_len, t.sel_parent, t.sel_action, t.leaf_reward,
-                    t.leaf_value, t.leaf_logits, sim + 1, bsz, self.discount,
+                    t.children,
+                    t.logits,
+                    t.prior,
+                    t.visit_count,
+                    t.value_sum,
+                    t.reward,
+                    t.raw_value,
+                    t.min_value,
+                    t.max_value,
+                    t.path,
+                    t.path_len,
+                    t.sel_parent,
+                    t.sel_action,
+                    t.leaf_reward,
+                    t.leaf_value,
+                    t.leaf_logits,
+                    sim + 1,
+                    bsz,
+                    self.discount,
                 )
 
         visits = np.empty((bsz, num_actions), dtype=np.int32)
@@ -251,9 +293,27 @@ class GumbelMuZeroSearch(Search):
         improved = np.empty((bsz, num_actions), dtype=np.float64)
         selected = np.empty(bsz, dtype=np.int64)
         gk.root_outputs(
-            t.children, t.logits, t.prior, t.visit_count, t.value_sum, t.reward, t.raw_value, t.min_value,
-            t.max_value, t.root_legal, t.gumbel, t.survivor, t.cq, t.sigma, bsz, *knobs, visits, root_val,
-            completed_q, improved, selected,
+            t.children,
+            t.logits,
+            t.prior,
+            t.visit_count,
+            t.value_sum,
+            t.reward,
+            t.raw_value,
+            t.min_value,
+            t.max_value,
+            t.root_legal,
+            t.gumbel,
+            t.survivor,
+            t.cq,
+            t.sigma,
+            bsz,
+            *knobs,
+            visits,
+            root_val,
+            completed_q,
+            improved,
+            selected,
         )
         return SearchOutput(
             visit_counts=visits,
@@ -301,8 +361,17 @@ def _normalise(q: float, lo: float, hi: float, value_delta_max: float) -> float:
     return min(max((q - lo) / span, 0.0), 1.0)
 
 
-def _completed_sigma(node: _RefNode, legal: list[bool], lo: float, hi: float, *, discount: float,
-                     value_delta_max: float, c_visit: float, c_scale: float):
+def _completed_sigma(
+    node: _RefNode,
+    legal: list[bool],
+    lo: float,
+    hi: float,
+    *,
+    discount: float,
+    value_delta_max: float,
+    c_visit: float,
+    c_scale: float,
+):
     """(prior probs, completed Q, sigma, sum N) of ``node``'s edges; illegal: 0, 0, -inf."""
     m = -math.inf
     for x, ok in zip(node.logits, legal):
@@ -375,8 +444,10 @@ def reference_gumbel_search(
         legal_rows.append(legal)
         minmax.append([float(rv[b]), float(rv[b])])
         k = min(max_num_considered_actions, sum(legal))
-        order = sorted((a for a in range(num_actions) if legal[a]),
-                       key=lambda a, b=b, lg=logits: (-(float(gumbel[b, a]) + lg[a]), a))
+        order = sorted(
+            (a for a in range(num_actions) if legal[a]),
+            key=lambda a, b=b, lg=logits: (-(float(gumbel[b, a]) + lg[a]), a),
+        )
         considered.append(set(order[:k]))
         survivors.append(set(order[:k]))
         k_of.append(k)
@@ -432,8 +503,12 @@ def reference_gumbel_search(
             next_latent, reward, value, logits = recurrent_fn(parent_latent, action_array)
             for b in range(bsz):
                 path = paths[b]
-                leaf = _RefNode(reward=float(reward[b]), logits=[float(x) for x in logits[b]],
-                                value=float(value[b]), latent=next_latent[b].clone())
+                leaf = _RefNode(
+                    reward=float(reward[b]),
+                    logits=[float(x) for x in logits[b]],
+                    value=float(value[b]),
+                    latent=next_latent[b].clone(),
+                )
                 path[-1].children[actions[b]] = leaf
                 path.append(leaf)
                 g = float(value[b])
@@ -466,8 +541,10 @@ def reference_gumbel_search(
             if legal[a]:
                 total += e[a]
         improved[b] = [x / total for x in e]
-        selected[b] = max(sorted(survivors[b]), key=lambda a, b=b, s=sigma, r=root: (
-            float(gumbel[b, a]) + r.logits[a] + s[a], -a))
+        selected[b] = max(
+            sorted(survivors[b]),
+            key=lambda a, b=b, s=sigma, r=root: (float(gumbel[b, a]) + r.logits[a] + s[a], -a),
+        )
     return SearchOutput(
         visit_counts=visit_counts,
         visit_distribution=(visit_counts / visit_counts.sum(axis=1, keepdims=True)).astype(np.float32),

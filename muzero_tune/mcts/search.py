@@ -122,6 +122,41 @@ class Search(abc.ABC):
         """
 
 
+class LatentStore:
+    """Per-node latents of a batched search, shared by every search variant.
+
+    One tensor ``[num_nodes, batch_capacity, *latent_shape]``: node n of every tree is written at row n (in
+    these searches node n is created at simulation n - 1 in all trees), so a simulation's parent latents are
+    gathered with one advanced index ``buf[parent_node, batch_index]``. Reallocated only when a run needs
+    more nodes, a larger batch, or another latent shape, dtype or device.
+    """
+
+    def __init__(self) -> None:
+        self.buf: torch.Tensor | None = None  # [Nc, Bc, *latent_shape]
+        self.batch_index: torch.Tensor | None = None  # [Bc] int64 arange on the latent device
+
+    def ensure(
+        self, root_latent: torch.Tensor, *, num_nodes: int, batch_size: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The buffer [Nc >= num_nodes, Bc >= batch_size, *latent_shape] and ``arange(batch_size)`` [B]."""
+        buf = self.buf
+        if (
+            buf is None
+            or buf.shape[2:] != root_latent.shape[1:]
+            or buf.dtype != root_latent.dtype
+            or buf.device != root_latent.device
+            or buf.shape[0] < num_nodes
+            or buf.shape[1] < batch_size
+        ):
+            capacity = batch_size if buf is None else max(batch_size, buf.shape[1])
+            nodes = num_nodes if buf is None else max(num_nodes, buf.shape[0])
+            self.buf = torch.empty(
+                (nodes, capacity, *root_latent.shape[1:]), dtype=root_latent.dtype, device=root_latent.device
+            )
+            self.batch_index = torch.arange(capacity, device=root_latent.device)
+        return self.buf, self.batch_index[:batch_size]
+
+
 class MuZeroSearch(Search):
     """MuZero pUCT search over discrete actions (Schrittwieser et al. 2020), batched via numba kernels.
 
@@ -169,8 +204,7 @@ class MuZeroSearch(Search):
         self.noise_weight = float(noise_weight)
         self.value_delta_max = float(value_delta_max)
         self._tree = TreeArrays(num_actions=self._num_actions)
-        self._latents: torch.Tensor | None = None  # [Nc, Bc, *latent_shape], Nc >= num_simulations + 1
-        self._batch_index: torch.Tensor | None = None  # [Bc] int64 arange on the latent device
+        self._store = LatentStore()
 
     @property
     def num_actions(self) -> int:
@@ -184,28 +218,6 @@ class MuZeroSearch(Search):
     def tree(self) -> TreeArrays:
         """The reusable tree storage (contents are only meaningful right after :meth:`run`)."""
         return self._tree
-
-    def _latent_storage(self, root_latent: torch.Tensor, batch_size: int) -> torch.Tensor:
-        """The [S + 1, Bc, *latent_shape] latent buffer, reallocated only if it cannot hold this run."""
-        num_nodes = self._num_simulations + 1
-        buf = self._latents
-        if (
-            buf is None
-            or buf.shape[2:] != root_latent.shape[1:]
-            or buf.dtype != root_latent.dtype
-            or buf.device != root_latent.device
-            or buf.shape[0] < num_nodes
-            or buf.shape[1] < batch_size
-        ):
-            batch_capacity = batch_size if buf is None else max(batch_size, buf.shape[1])
-            buf = torch.empty(
-                (num_nodes, batch_capacity, *root_latent.shape[1:]),
-                dtype=root_latent.dtype,
-                device=root_latent.device,
-            )
-            self._latents = buf
-            self._batch_index = torch.arange(batch_capacity, device=root_latent.device)
-        return buf
 
     def run(
         self,
@@ -240,21 +252,48 @@ class MuZeroSearch(Search):
         if not deterministic:
             kernels.seed_rng(int(rng.integers(0, 2**31 - 1)))
         kernels.prepare_roots(
-            tree.children, tree.prior, tree.visit_count, tree.value_sum, tree.reward, tree.min_value,
-            tree.max_value, tree.root_legal, tree.root_logits, tree.root_noise, batch_size, num_nodes,
-            bool(add_noise), self.noise_weight,
+            tree.children,
+            tree.prior,
+            tree.visit_count,
+            tree.value_sum,
+            tree.reward,
+            tree.min_value,
+            tree.max_value,
+            tree.root_legal,
+            tree.root_logits,
+            tree.root_noise,
+            batch_size,
+            num_nodes,
+            bool(add_noise),
+            self.noise_weight,
         )
 
         with torch.no_grad():
-            latents = self._latent_storage(root_latent, batch_size)  # [S + 1, Bc, *latent_shape]
+            latents, batch_index = self._store.ensure(
+                root_latent, num_nodes=self._num_simulations + 1, batch_size=batch_size
+            )  # [S + 1, Bc, *latent_shape], [B]
             latents[0, :batch_size].copy_(root_latent)
-            batch_index = self._batch_index[:batch_size]  # [B]
             for sim in range(self._num_simulations):
                 kernels.select_leaves(
-                    tree.children, tree.prior, tree.visit_count, tree.value_sum, tree.reward, tree.min_value,
-                    tree.max_value, tree.root_legal, tree.scores, tree.path, tree.path_len, tree.sel_parent,
-                    tree.sel_action, batch_size, self.pb_c_base, self.pb_c_init, self.discount,
-                    self.value_delta_max, bool(deterministic),
+                    tree.children,
+                    tree.prior,
+                    tree.visit_count,
+                    tree.value_sum,
+                    tree.reward,
+                    tree.min_value,
+                    tree.max_value,
+                    tree.root_legal,
+                    tree.scores,
+                    tree.path,
+                    tree.path_len,
+                    tree.sel_parent,
+                    tree.sel_action,
+                    batch_size,
+                    self.pb_c_base,
+                    self.pb_c_init,
+                    self.discount,
+                    self.value_delta_max,
+                    bool(deterministic),
                 )
                 # One advanced-index gather of every tree's parent latent. from_numpy(...).long() copies,
                 # so the reused sel_parent buffer is not aliased.
@@ -273,15 +312,30 @@ class MuZeroSearch(Search):
                 _stage("value", tree.leaf_value[b], value)
                 _stage("policy_logits", tree.leaf_logits[b], logits)
                 kernels.expand_and_backup(
-                    tree.children, tree.prior, tree.visit_count, tree.value_sum, tree.reward, tree.min_value,
-                    tree.max_value, tree.path, tree.path_len, tree.sel_parent, tree.sel_action,
-                    tree.leaf_reward, tree.leaf_value, tree.leaf_logits, sim + 1, batch_size, self.discount,
+                    tree.children,
+                    tree.prior,
+                    tree.visit_count,
+                    tree.value_sum,
+                    tree.reward,
+                    tree.min_value,
+                    tree.max_value,
+                    tree.path,
+                    tree.path_len,
+                    tree.sel_parent,
+                    tree.sel_action,
+                    tree.leaf_reward,
+                    tree.leaf_value,
+                    tree.leaf_logits,
+                    sim + 1,
+                    batch_size,
+                    self.discount,
                 )
 
         visit_counts = np.empty((batch_size, num_actions), dtype=np.int32)  # [B, A]
         root_value = np.empty(batch_size, dtype=np.float64)  # [B]
-        kernels.root_statistics(tree.children, tree.visit_count, tree.value_sum, batch_size, visit_counts,
-                                root_value)
+        kernels.root_statistics(
+            tree.children, tree.visit_count, tree.value_sum, batch_size, visit_counts, root_value
+        )
         totals = visit_counts.sum(axis=1, keepdims=True)  # [B, 1], == num_simulations
         return SearchOutput(
             visit_counts=visit_counts,

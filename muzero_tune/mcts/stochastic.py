@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from muzero_tune.mcts import stochastic_kernels as sk
-from muzero_tune.mcts.search import RecurrentFn, Search, SearchOutput
+from muzero_tune.mcts.search import LatentStore, RecurrentFn, Search, SearchOutput
 
 AfterstateFn = Callable[[torch.Tensor, np.ndarray], tuple[torch.Tensor, np.ndarray, np.ndarray]]
 """``afterstate_fn(latent [n, *latent_shape], actions [n] int64) -> (afterstate [n, *latent_shape],
@@ -136,7 +136,7 @@ class StochasticMuZeroSearch(Search):
         self.chance_selection = chance_selection
         self._chance_mode = sk.CHANCE_MODES[chance_selection]
         self._tree = StochasticTreeArrays(num_actions=self._num_actions, num_chances=self.num_chances)
-        self._latents: torch.Tensor | None = None  # [Nc, Bc, *latent_shape]: states and afterstates
+        self._store = LatentStore()  # [Nc, Bc, *latent_shape]: states and afterstates
 
     @property
     def num_actions(self) -> int:
@@ -149,23 +149,6 @@ class StochasticMuZeroSearch(Search):
     @property
     def tree(self) -> StochasticTreeArrays:
         return self._tree
-
-    def _latent_storage(self, root_latent: torch.Tensor, batch_size: int) -> torch.Tensor:
-        num_nodes = self._num_simulations + 1
-        buf = self._latents
-        if (
-            buf is None
-            or buf.shape[2:] != root_latent.shape[1:]
-            or buf.dtype != root_latent.dtype
-            or buf.device != root_latent.device
-            or buf.shape[0] < num_nodes
-            or buf.shape[1] < batch_size
-        ):
-            bc = batch_size if buf is None else max(batch_size, buf.shape[1])
-            buf = torch.empty((num_nodes, bc, *root_latent.shape[1:]), dtype=root_latent.dtype,
-                              device=root_latent.device)
-            self._latents = buf
-        return buf
 
     def run(
         self,
@@ -202,21 +185,53 @@ class StochasticMuZeroSearch(Search):
             tree.root_noise[b] = rng.standard_gamma(self.dirichlet_alpha, size=(bsz, num_actions))
         sk.seed_rng(int(rng.integers(0, 2**31 - 1)))
         sk.prepare_roots(
-            tree.children, tree.prior, tree.kind, tree.visit_count, tree.value_sum, tree.reward,
-            tree.min_value, tree.max_value, tree.root_legal, tree.root_logits, tree.root_noise, bsz,
-            num_nodes, num_actions, bool(add_noise), self.noise_weight,
+            tree.children,
+            tree.prior,
+            tree.kind,
+            tree.visit_count,
+            tree.value_sum,
+            tree.reward,
+            tree.min_value,
+            tree.max_value,
+            tree.root_legal,
+            tree.root_logits,
+            tree.root_noise,
+            bsz,
+            num_nodes,
+            num_actions,
+            bool(add_noise),
+            self.noise_weight,
         )
         calls = 0
         with torch.no_grad():
-            latents = self._latent_storage(root_latent, bsz)
+            latents, _ = self._store.ensure(root_latent, num_nodes=self._num_simulations + 1, batch_size=bsz)
             latents[0, :bsz].copy_(root_latent)
             dev = latents.device
             for sim in range(self._num_simulations):
                 sk.select_leaves(
-                    tree.children, tree.prior, tree.kind, tree.visit_count, tree.value_sum, tree.reward,
-                    tree.min_value, tree.max_value, tree.root_legal, tree.scores, tree.path, tree.path_len,
-                    tree.sel_parent, tree.sel_action, tree.sel_kind, bsz, num_actions, num_chances,
-                    self.pb_c_base, self.pb_c_init, self.discount, self.value_delta_max, bool(deterministic),
+                    tree.children,
+                    tree.prior,
+                    tree.kind,
+                    tree.visit_count,
+                    tree.value_sum,
+                    tree.reward,
+                    tree.min_value,
+                    tree.max_value,
+                    tree.root_legal,
+                    tree.scores,
+                    tree.path,
+                    tree.path_len,
+                    tree.sel_parent,
+                    tree.sel_action,
+                    tree.sel_kind,
+                    bsz,
+                    num_actions,
+                    num_chances,
+                    self.pb_c_base,
+                    self.pb_c_init,
+                    self.discount,
+                    self.value_delta_max,
+                    bool(deterministic),
                     self._chance_mode,
                 )
                 chance_rows = tree.sel_kind[b] == sk.CHANCE  # [B] parent is a chance node
@@ -254,16 +269,34 @@ class StochasticMuZeroSearch(Search):
                         tree.leaf_reward[idx] = reward
                     calls += 1
                 sk.expand_and_backup(
-                    tree.children, tree.prior, tree.kind, tree.visit_count, tree.value_sum, tree.reward,
-                    tree.min_value, tree.max_value, tree.path, tree.path_len, tree.sel_parent,
-                    tree.sel_action, tree.sel_kind, tree.leaf_reward, tree.leaf_value, tree.leaf_logits,
-                    sim + 1, bsz, num_actions, num_chances, self.discount,
+                    tree.children,
+                    tree.prior,
+                    tree.kind,
+                    tree.visit_count,
+                    tree.value_sum,
+                    tree.reward,
+                    tree.min_value,
+                    tree.max_value,
+                    tree.path,
+                    tree.path_len,
+                    tree.sel_parent,
+                    tree.sel_action,
+                    tree.sel_kind,
+                    tree.leaf_reward,
+                    tree.leaf_value,
+                    tree.leaf_logits,
+                    sim + 1,
+                    bsz,
+                    num_actions,
+                    num_chances,
+                    self.discount,
                 )
 
         visit_counts = np.empty((bsz, num_actions), dtype=np.int32)
         root_value = np.empty(bsz, dtype=np.float64)
-        sk.root_statistics(tree.children, tree.visit_count, tree.value_sum, bsz, num_actions, visit_counts,
-                           root_value)
+        sk.root_statistics(
+            tree.children, tree.visit_count, tree.value_sum, bsz, num_actions, visit_counts, root_value
+        )
         totals = visit_counts.sum(axis=1, keepdims=True)
         return SearchOutput(
             visit_counts=visit_counts,
