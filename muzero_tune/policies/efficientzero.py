@@ -27,12 +27,10 @@ import dataclasses
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from muzero_tune.models.efficientzero_net import LstmState, build_efficientzero_network
-from muzero_tune.models.support import logits_to_scalar, logits_to_scalar_np, scalar_to_target
-from muzero_tune.policies.base import LossOutput
-from muzero_tune.policies.muzero import MuZeroPolicy, scale_gradient, soft_cross_entropy
+from muzero_tune.models.support import logits_to_scalar, logits_to_scalar_np
+from muzero_tune.policies.muzero import MuZeroPolicy
 from muzero_tune.replay.targets import TrainBatch
 
 VALUE_PREFIX_KEY = "target_value_prefix"
@@ -181,80 +179,12 @@ class EfficientZeroPolicy(MuZeroPolicy):
 
     # ---------------------------------------------------------------- loss
 
-    def compute_loss(self, model, batch: TrainBatch, *, train_iter: int) -> LossOutput:
-        lc = self.cfg.learn
-        dev = self._device(model)
+    def reward_targets(self, batch: TrainBatch) -> np.ndarray:
+        """The reward head predicts value prefixes: train it on the prefix targets."""
+        return batch.extras[VALUE_PREFIX_KEY]
 
-        def t(x, dtype=torch.float32):
-            return torch.as_tensor(x, device=dev, dtype=dtype)
-
-        obs = torch.as_tensor(batch.obs, device=dev)
-        actions = t(batch.actions, torch.long)
-        tv, tp = t(batch.target_value), t(batch.target_policy)
-        tvp = t(batch.extras[VALUE_PREFIX_KEY])
-        vmask, rmask, pmask, omask = (
-            t(batch.value_mask),
-            t(batch.reward_mask),
-            t(batch.policy_mask),
-            t(batch.obs_mask),
-        )
-        vs, rs = model.value_support_size, model.reward_support_size
-        k_steps = batch.actions.shape[1]
-
-        root = model.initial_inference(obs[:, 0])
-        value_loss = (
-            soft_cross_entropy(root.value_logits, scalar_to_target(tv[:, 0], support_size=vs)) * vmask[:, 0]
-        )
-        policy_loss = soft_cross_entropy(root.policy_logits, tp[:, 0]) * pmask[:, 0]
-        prefix_loss = torch.zeros_like(value_loss)
-        ssl_loss = torch.zeros_like(value_loss)
-        use_ssl = lc.ssl_loss_weight > 0 and obs.shape[1] == k_steps + 1
-        latent = root.latent
-        state = None  # zeros: the root starts a horizon
-        for k in range(1, k_steps + 1):
-            rec = model.recurrent_inference(latent, actions[:, k - 1], state)
-            latent = scale_gradient(rec.latent, 0.5)
-            state = None if k % self.horizon == 0 else rec.lstm_state
-            step_v = (
-                soft_cross_entropy(rec.value_logits, scalar_to_target(tv[:, k], support_size=vs))
-                * vmask[:, k]
-            )
-            step_p = soft_cross_entropy(rec.policy_logits, tp[:, k]) * pmask[:, k]
-            step_r = (
-                soft_cross_entropy(rec.reward_logits, scalar_to_target(tvp[:, k - 1], support_size=rs))
-                * rmask[:, k - 1]
-            )
-            value_loss = value_loss + step_v / k_steps
-            policy_loss = policy_loss + step_p / k_steps
-            prefix_loss = prefix_loss + step_r / k_steps
-            if use_ssl:
-                with torch.no_grad():
-                    target_proj = model.project(model.represent(obs[:, k]), with_prediction_head=False)
-                online = model.project(rec.latent, with_prediction_head=True)
-                cos = F.cosine_similarity(online, target_proj.detach(), dim=-1)
-                ssl_loss = ssl_loss + (-cos) * omask[:, k] / k_steps
-
-        per_sample = (
-            lc.policy_loss_weight * policy_loss
-            + lc.value_loss_weight * value_loss
-            + lc.reward_loss_weight * prefix_loss
-            + lc.ssl_loss_weight * ssl_loss
-        )
-        weights = t(batch.weights)
-        loss = (weights * per_sample).mean()
-        with torch.no_grad():
-            pred_v0 = logits_to_scalar(root.value_logits.float(), support_size=vs)
-            priorities = ((pred_v0 - tv[:, 0]).abs() + 1e-6).cpu().numpy().astype(np.float32)
-            probs = F.softmax(root.policy_logits.float(), dim=-1)
-            entropy = -(probs * torch.log(probs + 1e-12)).sum(-1).mean()
-        metrics = {
-            "train/loss_total": float(loss.detach()),
-            "train/loss_policy": float(policy_loss.mean().detach()),
-            "train/loss_value": float(value_loss.mean().detach()),
-            "train/loss_reward": float(prefix_loss.mean().detach()),
-            "train/loss_ssl": float(ssl_loss.mean().detach()),
-            "train/policy_entropy": float(entropy),
-            "train/value_pred_mean": float(pred_v0.mean()),
-            "train/value_target_mean": float(tv[:, 0].mean()),
-        }
-        return LossOutput(loss=loss, per_sample_loss=per_sample, priorities=priorities, metrics=metrics)
+    def unroll_step(self, model, latent, action, carry, k: int):
+        """Thread the LSTM state through the unroll, zeroed at the root and every ``lstm_horizon_len`` steps
+        (as in the search)."""
+        rec = model.recurrent_inference(latent, action, carry)
+        return rec, (None if k % self.horizon == 0 else rec.lstm_state)

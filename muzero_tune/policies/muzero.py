@@ -174,6 +174,17 @@ class MuZeroPolicy(Policy):
 
     # ---------------------------------------------------------------- loss
 
+    def reward_targets(self, batch: TrainBatch) -> np.ndarray:
+        """[B, K] raw targets of the reward head along the unroll (EfficientZero: value prefixes)."""
+        return batch.target_reward
+
+    def unroll_step(self, model, latent: torch.Tensor, action: torch.Tensor, carry, k: int):
+        """One dynamics step of the training unroll (k = 1..K): (recurrent output, carry for step k + 1).
+
+        ``carry`` is state the type threads through the unroll besides the latent (None for MuZero; the
+        value-prefix LSTM state for EfficientZero)."""
+        return model.recurrent_inference(latent, action), None
+
     def compute_loss(self, model, batch: TrainBatch, *, train_iter: int) -> LossOutput:
         lc = self.cfg.learn
         dev = self._device(model)
@@ -183,7 +194,7 @@ class MuZeroPolicy(Policy):
 
         obs = torch.as_tensor(batch.obs, device=dev)
         actions = t(batch.actions, torch.long)
-        tv, tr, tp = t(batch.target_value), t(batch.target_reward), t(batch.target_policy)
+        tv, tr, tp = t(batch.target_value), t(self.reward_targets(batch)), t(batch.target_policy)
         vmask, rmask, pmask, omask = (
             t(batch.value_mask),
             t(batch.reward_mask),
@@ -202,8 +213,9 @@ class MuZeroPolicy(Policy):
         ssl_loss = torch.zeros_like(value_loss)
         use_ssl = lc.ssl_loss_weight > 0 and obs.shape[1] == k_steps + 1
         latent = root.latent
+        carry = None
         for k in range(1, k_steps + 1):
-            rec = model.recurrent_inference(latent, actions[:, k - 1])
+            rec, carry = self.unroll_step(model, latent, actions[:, k - 1], carry, k)
             latent = scale_gradient(rec.latent, 0.5)
             step_v = (
                 soft_cross_entropy(rec.value_logits, scalar_to_target(tv[:, k], support_size=vs))
