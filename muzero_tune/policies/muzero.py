@@ -35,9 +35,13 @@ class MuZeroPolicy(Policy):
 
     def __init__(self, cfg, spec):
         super().__init__(cfg, spec)
-        m = cfg.mcts
-        self._search = MuZeroSearch(
-            num_actions=spec.num_actions,
+        self._search = self._make_search()
+
+    def _search_knobs(self) -> dict:
+        """The pUCT search settings every MuZero-style search takes."""
+        m = self.cfg.mcts
+        return dict(
+            num_actions=self.spec.num_actions,
             num_simulations=m.num_simulations,
             pb_c_base=m.pb_c_base,
             pb_c_init=m.pb_c_init,
@@ -46,6 +50,13 @@ class MuZeroPolicy(Policy):
             noise_weight=m.root_noise_weight,
             value_delta_max=m.value_delta_max,
         )
+
+    def _make_search(self):
+        return MuZeroSearch(**self._search_knobs())
+
+    def _search_fns(self, model: torch.nn.Module) -> dict:
+        """The network functions the search calls (keyword arguments of ``Search.run``)."""
+        return {"recurrent_fn": self._recurrent_fn(model)}
 
     # ---------------------------------------------------------------- model
 
@@ -101,10 +112,10 @@ class MuZeroPolicy(Policy):
             root_latent=root.latent,
             root_policy_logits=root.policy_logits.float().cpu().numpy(),
             legal_mask=np.asarray(legal_mask, dtype=bool),
-            recurrent_fn=self._recurrent_fn(model),
             add_noise=add_noise,
             deterministic=deterministic,
             rng=rng,
+            **self._search_fns(model),
         )
         model.train(was_training)
         return out, predicted.cpu().numpy().astype(np.float32)

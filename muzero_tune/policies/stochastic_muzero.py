@@ -28,34 +28,21 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from muzero_tune.mcts.search import select_action
 from muzero_tune.mcts.stochastic import StochasticMuZeroSearch
 from muzero_tune.models.stochastic_net import build_stochastic_network
 from muzero_tune.models.support import logits_to_scalar, logits_to_scalar_np, scalar_to_target
-from muzero_tune.policies.base import ActOutput, LossOutput, Policy
-from muzero_tune.policies.muzero import scale_gradient, soft_cross_entropy
+from muzero_tune.policies.base import LossOutput
+from muzero_tune.policies.muzero import MuZeroPolicy, scale_gradient, soft_cross_entropy
 from muzero_tune.replay.targets import TrainBatch, make_batch
 
 
-class StochasticMuZeroPolicy(Policy):
+class StochasticMuZeroPolicy(MuZeroPolicy):
     """Stochastic MuZero on discrete actions with a learned chance encoder."""
 
     name = "stochastic_muzero"
 
-    def __init__(self, cfg, spec):
-        super().__init__(cfg, spec)
-        m = cfg.mcts
-        self._search = StochasticMuZeroSearch(
-            num_actions=spec.num_actions,
-            num_chances=cfg.policy.chance_space_size,
-            num_simulations=m.num_simulations,
-            pb_c_base=m.pb_c_base,
-            pb_c_init=m.pb_c_init,
-            discount=m.discount,
-            dirichlet_alpha=m.root_dirichlet_alpha,
-            noise_weight=m.root_noise_weight,
-            value_delta_max=m.value_delta_max,
-        )
+    def _make_search(self):
+        return StochasticMuZeroSearch(num_chances=self.cfg.policy.chance_space_size, **self._search_knobs())
 
     # ---------------------------------------------------------------- model
 
@@ -73,11 +60,7 @@ class StochasticMuZeroPolicy(Policy):
             reward_support_size=mc.reward_support_size,
         )
 
-    @staticmethod
-    def _device(model: torch.nn.Module) -> torch.device:
-        return next(model.parameters()).device
-
-    def _network_fns(self, model):
+    def _search_fns(self, model) -> dict:
         dev = self._device(model)
         vs, rs = model.value_support_size, model.reward_support_size
 
@@ -96,75 +79,9 @@ class StochasticMuZeroPolicy(Policy):
             value = logits_to_scalar_np(v_logits.float().cpu().numpy(), support_size=vs)
             return latent, reward, value, p_logits.float().cpu().numpy()
 
-        return afterstate_fn, recurrent_fn
-
-    @torch.no_grad()
-    def _search_roots(self, model, obs, legal_mask, *, add_noise, deterministic, rng):
-        was_training = model.training
-        model.eval()
-        root = model.initial_inference(torch.as_tensor(obs, device=self._device(model)))
-        predicted = logits_to_scalar(root.value_logits.float(), support_size=model.value_support_size)
-        afterstate_fn, recurrent_fn = self._network_fns(model)
-        out = self._search.run(
-            root_latent=root.latent,
-            root_policy_logits=root.policy_logits.float().cpu().numpy(),
-            legal_mask=np.asarray(legal_mask, dtype=bool),
-            recurrent_fn=recurrent_fn,
-            afterstate_fn=afterstate_fn,
-            add_noise=add_noise,
-            deterministic=deterministic,
-            rng=rng,
-        )
-        model.train(was_training)
-        return out, predicted.cpu().numpy().astype(np.float32)
-
-    def act(
-        self, model, obs, legal_mask, *, explore, temperature, rng, state=None, env_index=None
-    ) -> ActOutput:
-        deterministic = (not explore) and self.cfg.mcts.deterministic_eval
-        out, predicted = self._search_roots(
-            model, obs, legal_mask, add_noise=explore, deterministic=deterministic, rng=rng
-        )
-        actions = select_action(
-            out.visit_counts, temperature=temperature if explore else 0.0, rng=rng, deterministic=not explore
-        )
-        stats = {
-            "child_visits": out.visit_distribution.astype(np.float32),
-            "root_value": out.root_value.astype(np.float32),
-            "legal_mask": np.asarray(legal_mask, dtype=bool),
-        }
-        return ActOutput(
-            actions=actions.astype(np.int64),
-            step_stats=stats,
-            root_value=out.root_value,
-            predicted_value=predicted,
-        )
-
-    def reanalyze(self, target_model, obs, legal_mask, rng) -> np.ndarray:
-        out, _ = self._search_roots(
-            target_model, obs, legal_mask, add_noise=True, deterministic=False, rng=rng
-        )
-        return out.visit_distribution.astype(np.float32)
+        return {"recurrent_fn": recurrent_fn, "afterstate_fn": afterstate_fn}
 
     # ---------------------------------------------------------------- targets
-
-    def value_fn(self, model: torch.nn.Module, *, chunk: int = 2048):
-        dev = self._device(model)
-
-        @torch.no_grad()
-        def fn(obs: np.ndarray) -> np.ndarray:
-            was_training = model.training
-            model.eval()
-            vals = []
-            for lo in range(0, len(obs), chunk):
-                root = model.initial_inference(torch.as_tensor(obs[lo : lo + chunk], device=dev))
-                vals.append(
-                    logits_to_scalar(root.value_logits.float(), support_size=model.value_support_size)
-                )
-            model.train(was_training)
-            return torch.cat(vals).cpu().numpy()
-
-        return fn
 
     def make_batch(self, sample, *, target_model, rng, reanalyze_count=0) -> TrainBatch:
         """MuZero targets plus the observations o_t..o_{t+K} (``all_obs=True``) for the chance encoder."""
@@ -195,7 +112,10 @@ class StochasticMuZeroPolicy(Policy):
         actions = t(batch.actions, torch.long)
         tv, tr, tp = t(batch.target_value), t(batch.target_reward), t(batch.target_policy)
         vmask, rmask, pmask, omask = (
-            t(batch.value_mask), t(batch.reward_mask), t(batch.policy_mask), t(batch.obs_mask)
+            t(batch.value_mask),
+            t(batch.reward_mask),
+            t(batch.policy_mask),
+            t(batch.obs_mask),
         )
         vs, rs = model.value_support_size, model.reward_support_size
         k_steps = batch.actions.shape[1]
