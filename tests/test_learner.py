@@ -259,3 +259,46 @@ def test_piecewise_lr_schedule(batches):
     got = dict(ln.model.named_parameters())
     for n, v in expect.items():
         torch.testing.assert_close(got[n].detach(), v, rtol=1e-5, atol=1e-6)
+
+
+def _root_only(batch):
+    """The batch with every unrolled step's target masked out: only the root terms remain."""
+    vm, pm, om = batch.value_mask.copy(), batch.policy_mask.copy(), batch.obs_mask.copy()
+    vm[:, 1:], pm[:, 1:], om[:, 1:] = 0.0, 0.0, 0.0
+    return dataclasses.replace(
+        batch, value_mask=vm, policy_mask=pm, obs_mask=om, reward_mask=np.zeros_like(batch.reward_mask)
+    )
+
+
+def test_loss_scales_root_terms_by_one_over_k_like_lightzero(batches):
+    """LightZero's convention: root + K unrolled steps summed, the whole loss x 1/K. So the gradient of the
+    loss of a root-only batch is 1/K of the gradient of the plain (unscaled) root loss."""
+    from muzero_tune.models import scalar_to_target
+    from muzero_tune.policies.muzero import soft_cross_entropy
+
+    cfg = small_cfg(**{"learn.value_loss_weight": 0.25, "learn.policy_loss_weight": 1.0})
+    policy = MuZeroPolicy(cfg, SPEC)
+    torch.manual_seed(0)
+    model = policy.build_model()
+    w = np.linspace(0.2, 1.0, B).astype(np.float32)
+    batch = dataclasses.replace(_root_only(batches[2]), weights=w)
+    assert batch.value_mask[:, 0].sum() > 0 and batch.policy_mask[:, 0].sum() > 0
+
+    def grads(loss):
+        model.zero_grad(set_to_none=True)
+        loss.backward()
+        return torch.cat([
+            (p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in model.parameters()
+        ])
+
+    ours = grads(policy.compute_loss(model, batch, train_iter=0).loss)
+    root = model.initial_inference(torch.as_tensor(batch.obs[:, 0]))
+    tv0 = scalar_to_target(torch.as_tensor(batch.target_value[:, 0]), support_size=model.value_support_size)
+    plain = (
+        soft_cross_entropy(root.policy_logits, torch.as_tensor(batch.target_policy[:, 0]))
+        * torch.as_tensor(batch.policy_mask[:, 0])
+        + 0.25 * soft_cross_entropy(root.value_logits, tv0) * torch.as_tensor(batch.value_mask[:, 0])
+    )
+    unscaled = grads((torch.as_tensor(w) * plain).mean())
+    assert unscaled.norm() > 0
+    torch.testing.assert_close(ours, unscaled / K, rtol=1e-4, atol=1e-7)

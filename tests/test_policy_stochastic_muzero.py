@@ -432,6 +432,36 @@ def test_loss_chance_codes_commitment_and_stop_gradients():
     assert _grad_norms(model, parts)["enc_"] > 0
 
 
+def test_loss_scales_root_terms_by_one_over_k_like_lightzero():
+    """Sum of root + K unrolled steps, whole loss x 1/K (LightZero): with the unrolled targets masked, the
+    gradient of the loss is 1/K of the gradient of the plain root policy + value loss."""
+    from muzero_tune.policies.muzero import soft_cross_entropy
+
+    policy = _only(policy_loss_weight=1.0, value_loss_weight=0.25)
+    torch.manual_seed(0)
+    model = policy.build_model()
+    b, k_steps = 6, 4
+    batch = _loss_batch(b, k_steps, np.random.default_rng(1))
+    batch.value_mask[:, 1:] = 0.0
+    batch.policy_mask[:, 1:] = 0.0
+    batch.weights[:] = np.linspace(0.2, 1.0, b)
+
+    def grads(loss):
+        model.zero_grad(set_to_none=True)
+        loss.backward()
+        return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten()
+                          for p in model.parameters()])
+
+    ours = grads(policy.compute_loss(model, batch, train_iter=0).loss)
+    root = model.initial_inference(torch.as_tensor(batch.obs[:, 0]))
+    tv0 = scalar_to_target(torch.as_tensor(batch.target_value[:, 0]).float(), support_size=10)
+    plain = (soft_cross_entropy(root.policy_logits, torch.as_tensor(batch.target_policy[:, 0]))
+             + 0.25 * soft_cross_entropy(root.value_logits, tv0))
+    unscaled = grads((torch.as_tensor(batch.weights) * plain).mean())
+    assert unscaled.norm() > 0
+    torch.testing.assert_close(ours, unscaled / k_steps, rtol=1e-4, atol=1e-7)
+
+
 # ---------------------------------------------------------------------------------------------- env
 
 

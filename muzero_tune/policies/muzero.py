@@ -2,7 +2,9 @@
 
 Loss per sample: policy cross-entropy, value and reward cross-entropy on categorical supports of h(x),
 optional SSL consistency (negative cosine between the projected unrolled latent and the stop-gradient
-projection of the real next observation's latent). Losses of the K unrolled steps are scaled by 1/K and
+projection of the real next observation's latent). The scale convention is LightZero's (see
+:meth:`MuZeroPolicy.compute_loss`): the root and all K unrolled steps are summed and the whole loss is
+multiplied by 1/K, so a learning rate and a gradient clip taken from a LightZero config mean the same here;
 the gradient flowing back through each dynamics step is halved (MuZero paper, Appendix G).
 """
 
@@ -197,6 +199,21 @@ class MuZeroPolicy(Policy):
         return model.recurrent_inference(latent, action), None
 
     def compute_loss(self, model, batch: TrainBatch, *, train_iter: int) -> LossOutput:
+        """The training loss of one batch, with LightZero's scale convention.
+
+        Per sample, with steps k = 0 (root, s_0 = repr(o_t)) .. K (unrolled):
+
+            per_sample = (1/K) * sum_{k=0..K} [w_p CE(p_k, pi_{t+k}) + w_v CE(v_k, z_{t+k})]
+                       + (1/K) * sum_{k=1..K} [w_r CE(r_k, u_{t+k-1}) + w_ssl (-cos_k)]
+
+        and ``loss = mean(IS weight x per_sample)`` over the batch. The 1/K scales the root terms too, as
+        LightZero's gradient hook (x 1/num_unroll_steps on the weighted total loss) does; the ``pong_muzero``
+        preset's SGD lr 0.2 and clip 10 are therefore the same step as there. The gradient into each
+        dynamics step's input latent is halved (MuZero Appendix G). Metrics ``train/loss_policy`` /
+        ``_value`` / ``_reward`` / ``_ssl`` are the batch means of each term's sum over the steps x 1/K,
+        so with uniform IS weights ``train/loss_total`` = sum of weight x term (LightZero logs the sums
+        without the 1/K: K x these figures).
+        """
         lc = self.cfg.learn
         dev = self._device(model)
 
@@ -237,16 +254,20 @@ class MuZeroPolicy(Policy):
                 soft_cross_entropy(rec.reward_logits, scalar_to_target(tr[:, k - 1], support_size=rs))
                 * rmask[:, k - 1]
             )
-            value_loss = value_loss + step_v / k_steps
-            policy_loss = policy_loss + step_p / k_steps
-            reward_loss = reward_loss + step_r / k_steps
+            value_loss = value_loss + step_v
+            policy_loss = policy_loss + step_p
+            reward_loss = reward_loss + step_r
             if use_ssl:
                 with torch.no_grad():
                     target_proj = model.project(model.represent(obs[:, k]), with_prediction_head=False)
                 online = model.project(rec.latent, with_prediction_head=True)
                 cos = F.cosine_similarity(online, target_proj.detach(), dim=-1)
-                ssl_loss = ssl_loss + (-cos) * omask[:, k] / k_steps
+                ssl_loss = ssl_loss + (-cos) * omask[:, k]
 
+        # LightZero's whole-loss 1/K, on each summed term so the metrics below add up to the loss
+        policy_loss, value_loss, reward_loss, ssl_loss = (
+            x / k_steps for x in (policy_loss, value_loss, reward_loss, ssl_loss)
+        )
         per_sample = (
             lc.policy_loss_weight * policy_loss
             + lc.value_loss_weight * value_loss

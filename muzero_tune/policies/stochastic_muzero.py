@@ -12,14 +12,15 @@ Loss of one sample, unrolling s_0 = repr(o_t), and for k = 0..K-1: as_k = phi(s_
 (Q_k, sigma_k) = psi(as_k), c_k = onehot_st(e(o_{t+k}, o_{t+k+1})), (s_{k+1}, r_k) = g(as_k, c_k):
 
 * policy CE(p(s_k), pi_{t+k}), value CE(v(s_k), z_{t+k}) for k = 0..K, reward CE(r_k, u_{t+k}) -- as MuZero
-  (weights ``learn.*_loss_weight``; terms of steps >= 1 scaled by 1/K; gradient into each dynamics step
-  halved);
+  (weights ``learn.*_loss_weight``; gradient into each dynamics step halved);
 * afterstate value CE(Q_k, z_{t+k}) x ``policy.afterstate_value_loss_weight`` (Q(s_t+k, a_t+k) is
   estimated by the same n-step return as V(s_t+k), the one that followed a_t+k);
 * afterstate chance-prior CE(sigma_k, stop_grad(c_k)) x ``policy.afterstate_policy_loss_weight``;
 * commitment ||stop_grad(c_k) - softmax(e logits)||^2 x ``policy.commitment_loss_weight``;
-  the afterstate terms are averaged over the K steps (1/K each); chance terms are masked where
-  o_{t+k+1} is not a real observation.
+  chance terms are masked where o_{t+k+1} is not a real observation.
+
+Scale: MuZero's (LightZero's) convention -- every term is summed over its steps (root included) and the
+whole per-sample loss is multiplied by 1/K, as LightZero's x 1/num_unroll_steps gradient hook does.
 """
 
 from __future__ import annotations
@@ -136,27 +137,29 @@ class StochasticMuZeroPolicy(MuZeroPolicy):
         target_codes = codes.detach()  # exact one-hots
         cmask = omask[:, 1:]  # [B, K] o_{t+k+1} is a real observation
         commit = (target_codes - F.softmax(enc_logits, dim=-1)).pow(2).sum(-1)  # [B, K]
-        commit_loss = (commit * cmask).sum(1) / k_steps
+        commit_loss = (commit * cmask).sum(1)
         r_targets = scalar_to_target(tr, support_size=rs)  # [B, K, 2Sr+1]
         zeros = torch.zeros_like(value_loss)
         reward_loss, q_loss, chance_loss = zeros, zeros, zeros
         for k in range(k_steps):
             afterstate = model.afterstate_dynamics(latent, actions[:, k])
             q_logits, chance_logits = model.afterstate_predict(afterstate)
-            q_loss = q_loss + soft_cross_entropy(q_logits, v_targets[:, k]) * vmask[:, k] / k_steps
-            chance_loss = (
-                chance_loss + soft_cross_entropy(chance_logits, target_codes[:, k]) * cmask[:, k] / k_steps
-            )
+            q_loss = q_loss + soft_cross_entropy(q_logits, v_targets[:, k]) * vmask[:, k]
+            chance_loss = chance_loss + soft_cross_entropy(chance_logits, target_codes[:, k]) * cmask[:, k]
             next_latent, r_logits = model.dynamics(afterstate, codes[:, k])
             latent = scale_gradient(next_latent, 0.5)
             v_logits, p_logits = model.predict(next_latent)
             step_v = soft_cross_entropy(v_logits, v_targets[:, k + 1]) * vmask[:, k + 1]
             step_p = soft_cross_entropy(p_logits, tp[:, k + 1]) * pmask[:, k + 1]
             step_r = soft_cross_entropy(r_logits, r_targets[:, k]) * rmask[:, k]
-            value_loss = value_loss + step_v / k_steps
-            policy_loss = policy_loss + step_p / k_steps
-            reward_loss = reward_loss + step_r / k_steps
+            value_loss = value_loss + step_v
+            policy_loss = policy_loss + step_p
+            reward_loss = reward_loss + step_r
 
+        # LightZero's whole-loss 1/K (see MuZeroPolicy.compute_loss), on each summed term
+        policy_loss, value_loss, reward_loss, q_loss, chance_loss, commit_loss = (
+            x / k_steps for x in (policy_loss, value_loss, reward_loss, q_loss, chance_loss, commit_loss)
+        )
         per_sample = (
             lc.policy_loss_weight * policy_loss
             + lc.value_loss_weight * value_loss
