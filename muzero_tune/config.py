@@ -15,6 +15,7 @@ import dataclasses
 import difflib
 import types
 import typing
+import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +34,10 @@ POLICY_TYPES = (
     "unizero",
     "sampled_unizero",
 )
+
+
+class ConfigWarning(UserWarning):
+    """A valid setting that has no effect or does not do what its name suggests (validation warns)."""
 
 
 class ConfigError(ValueError):
@@ -149,7 +154,10 @@ class ReplayConfig:
         le=1.0,
     )
     buffer_reanalyze_freq: float = param(
-        0.0, "buffer reanalyze calls per collect epoch (<1: once every 1/freq epochs; 0: off)", ge=0.0
+        0.0,
+        "buffer reanalyze calls per collect epoch (>=1: int(freq) calls spread over its train budget; "
+        "<1: once every round(1/freq) epochs; 0: off)",
+        ge=0.0,
     )
     reanalyze_batch_size: int = param(160, "segments positions re-searched per buffer reanalyze call", ge=1)
     reanalyze_partition: float = param(
@@ -186,7 +194,9 @@ class LearnConfig:
     update_per_collect: int | None = param(
         None, "train steps per collect (None: replay_ratio x real transitions collected)", ge=1
     )
-    replay_ratio: float = param(0.25, "train steps per real transition collected", gt=0.0)
+    replay_ratio: float = param(
+        0.25, "train steps per real transition collected (the fraction left over is carried)", gt=0.0
+    )
     train_start_after_envsteps: int = param(0, "collect only until this many env steps", ge=0)
     min_replay_transitions: int | None = param(
         None, "real transitions needed before training (None: batch_size)", ge=1
@@ -689,6 +699,17 @@ def validate(cfg: ExperimentConfig, *, check_env: bool = True) -> ExperimentConf
                 getattr(ap, f"{kind}_num_cpus"),
                 f"an actor bundle needs some resource: {kind}_num_cpus + {kind}_num_gpus must be > 0",
             )
+    if ap.enabled and 0 <= ap.max_policy_lag < ap.weight_sync_interval - 1:
+        warnings.warn(
+            ConfigWarning(
+                f"policy.async_pipeline.weight_sync_interval={ap.weight_sync_interval} has no effect with "
+                f"policy.async_pipeline.max_policy_lag={ap.max_policy_lag}: the lag rule publishes every "
+                f"{ap.max_policy_lag + 1} train_iter first (the gap is min(weight_sync_interval, "
+                f"max_policy_lag + 1)); set max_policy_lag >= {ap.weight_sync_interval - 1} or -1 (off) "
+                f"for the interval to apply"
+            ),
+            stacklevel=2,
+        )
     from muzero_tune.policies.registry import check_policy_type  # light: no torch import
 
     check_policy_type(cfg.policy.type)

@@ -29,12 +29,23 @@ class SearchSpace:
     asha_grace_period: int = 2
 
 
+# The publish schedule depends on the two lag keys only through the gap min(weight_sync_interval,
+# max_policy_lag + 1) (schedule.publish_interval; max_policy_lag < 0: weight_sync_interval), so a product
+# grid over both keys repeats schedules ({1, 4, 16} x {0, 8, -1} was 9 trials and 4 schedules). The grid
+# varies the gap once per trial through the interval, with the lag rule off.
+POLICY_LAG_GRID_INTERVALS = (1, 2, 4, 8, 16)
+LAG_SCHEDULE_NOTE = (
+    "the publish gap is min(weight_sync_interval, max_policy_lag + 1) (max_policy_lag < 0: "
+    "weight_sync_interval), so pairs with the same gap are the same schedule"
+)
+
+
 def _policy_lag_grid() -> dict[str, Any]:
     from ray import tune
 
     return {
-        "policy.async_pipeline.weight_sync_interval": tune.grid_search([1, 4, 16]),
-        "policy.async_pipeline.max_policy_lag": tune.grid_search([0, 8, -1]),
+        "policy.async_pipeline.weight_sync_interval": tune.grid_search(list(POLICY_LAG_GRID_INTERVALS)),
+        "policy.async_pipeline.max_policy_lag": -1,
     }
 
 
@@ -75,14 +86,16 @@ SPACES: dict[str, SearchSpace] = {
     for s in (
         SearchSpace(
             "policy_lag_grid",
-            "async: grid over weight_sync_interval {1,4,16} x max_policy_lag {0,8,-1} (9 trials)",
+            "async: grid over the publish gap, weight_sync_interval {1,2,4,8,16} with max_policy_lag=-1 "
+            f"(5 trials, 5 distinct schedules; {LAG_SCHEDULE_NOTE})",
             _policy_lag_grid,
             base_overrides=_ASYNC,
             max_concurrent=2,
         ),
         SearchSpace(
             "policy_lag_optuna",
-            "async: Optuna TPE over weight_sync_interval in {1..32} and max_policy_lag in [-1, 32], ASHA",
+            "async: Optuna TPE over weight_sync_interval in {1..32} and max_policy_lag in [-1, 32], ASHA "
+            f"(samples can repeat a schedule: {LAG_SCHEDULE_NOTE})",
             _policy_lag_optuna_space,
             base_overrides=_ASYNC,
             num_samples=8,

@@ -293,3 +293,30 @@ def test_ray_local_mode_runs_actors_in_the_driver_process(tmp_path, async_small)
     assert all(a["placement_group_id"] is None for a in out["actors"])
     assert out["ray_up"] is False  # no Ray instance at all
     assert out["results"] > 0 and out["mismatches"] == 0
+
+
+# ---------------------------------------------------------------------------------------------- policy lag, budgets
+
+
+def test_policy_lag_is_reported_at_launch_and_at_push(basic):
+    """max_policy_lag=0 bounds the lag at launch (policy_lag_*: 0 here); the lag at push adds the train steps
+    taken while the collect ran (policy_lag_at_push_*), which no setting bounds."""
+    st = basic.stats
+    m = basic.driver.pipeline_metrics()
+    assert m["policy_lag_max"] == 0 and m["policy_lag_mean"] == 0.0
+    assert len(st.push_lags) == st.results and len(st.launch_lags) >= st.results
+    assert m["policy_lag_at_push_max"] == max(st.push_lags[-100:]) > 0
+    assert m["policy_lag_at_push_mean"] == pytest.approx(sum(st.push_lags[-100:]) / len(st.push_lags[-100:]))
+
+
+def test_zero_step_budgets_train_nothing_and_still_reanalyze(run_async, tmp_path):
+    """80 transitions per collect at replay_ratio 0.01 owe 0.8 steps: budgets of 0 and 1 steps. A 0-step
+    budget must train nothing (steps never exceed the ratio's total) and still run its reanalyze calls."""
+    run = run_async(tmp_path, {
+        "learn.replay_ratio": 0.01, "replay.buffer_reanalyze_freq": 2, "replay.reanalyze_batch_size": 4,
+    })
+    core, st = run.driver.core, run.stats
+    assert run.summary.stop_reason == "max_env_step"
+    assert 0 < run.summary.train_iter <= int(0.01 * st.result_transitions)
+    assert core.counters.train_epoch >= 3
+    assert core.counters.reanalyze_calls == 2 * core.counters.train_epoch

@@ -2,23 +2,50 @@
 
 from __future__ import annotations
 
+import math
+from fractions import Fraction
+
 import pytest
 
 from muzero_tune.pipeline import schedule as s
 
 
 @pytest.mark.parametrize(
-    "real,fixed,ratio,expected",
+    "real,fixed,ratio,carry,expected",
     [
-        (400, None, 0.25, 100),
-        (3, None, 0.25, 1),
-        (0, None, 0.25, 1),
-        (400, 7, 0.25, 7),
-        (1000, None, 1.0, 1000),
+        (400, None, 0.25, 0.0, (100, 0.0)),
+        (3, None, 0.25, 0.0, (0, 0.75)),  # below one step: owed to the next collect, not rounded up to 1
+        (3, None, 0.25, 0.5, (1, 0.25)),
+        (0, None, 0.25, 0.0, (0, 0.0)),
+        (15, None, 0.1, 0.0, (1, 0.5)),
+        (15, None, 0.1, 0.5, (2, 0.0)),
+        (100, None, 0.57, 0.0, (57, 0.0)),  # 100 * 0.57 is 56.999... in floats
+        (400, 7, 0.25, 0.5, (7, 0.5)),  # update_per_collect fixed: the carry passes through
+        (1000, None, 1.0, 0.0, (1000, 0.0)),
     ],
 )
-def test_update_per_collect(real, fixed, ratio, expected):
-    assert s.update_per_collect(real_transitions=real, fixed=fixed, replay_ratio=ratio) == expected
+def test_update_per_collect(real, fixed, ratio, carry, expected):
+    steps, left = s.update_per_collect(real_transitions=real, fixed=fixed, replay_ratio=ratio, carry=carry)
+    assert steps == expected[0] and left == pytest.approx(expected[1], abs=1e-12)
+
+
+@pytest.mark.parametrize(
+    "per_collect,ratio,collects",
+    [(15, 0.1, 1000), (3, 0.25, 999), (7, 0.3, 1001), (1, 1e-3, 2500), (20, 0.57, 300), (9, 2.5, 50)],
+)
+def test_replay_ratio_fractions_add_up_over_collects(per_collect, ratio, collects):
+    """The steps granted over many collects are floor(ratio x total transitions), exactly."""
+    carry, total, granted = 0.0, 0, []
+    for _ in range(collects):
+        steps, carry = s.update_per_collect(
+            real_transitions=per_collect, fixed=None, replay_ratio=ratio, carry=carry
+        )
+        total += per_collect
+        granted.append(steps)
+        assert 0.0 <= carry < 1.0
+    assert sum(granted) == math.floor(Fraction(str(ratio)) * total)
+    if (per_collect, ratio) == (15, 0.1):
+        assert granted[:4] == [1, 2, 1, 2]
 
 
 @pytest.mark.parametrize(
@@ -99,24 +126,44 @@ def test_backpressure_only_once_trainable(queued, cap, trainable, expected):
 
 
 @pytest.mark.parametrize(
-    "freq,upc,interval,period",
+    "freq,budget,calls,period",
     [
-        (0.0, 100, None, None),
-        (1, 10, 10, None),
-        (10, 25, 2, None),
-        (10, 3, 1, None),  # upc < freq: the interval is 1, never 0 (the reference's ZeroDivision)
-        (10, 1, 1, None),
-        (0.5, 100, None, 2),
-        (0.25, 7, None, 4),
-        (1e-5, 7, None, 100_000),
+        (0.0, 100, [], None),
+        (1, 10, [0], None),
+        (3, 100, [0, 33, 66], None),  # was 4 calls (steps 0, 33, 66, 99)
+        (4, 5, [0, 1, 2, 3], None),  # was 5 calls (every step)
+        (2.5, 10, [0, 5], None),  # int(freq) calls
+        (10, 25, [0, 2, 5, 7, 10, 12, 15, 17, 20, 22], None),
+        (10, 3, [0, 0, 0, 0, 1, 1, 1, 2, 2, 2], None),  # more calls than steps: several before one step
+        (10, 1, [0] * 10, None),
+        (3, 0, [0, 0, 0], None),  # a 0-step budget (replay_ratio carry) runs its calls at step 0
+        (0.5, 100, [], 2),
+        (0.25, 7, [], 4),
+        (1e-5, 7, [], 100_000),
     ],
 )
-def test_reanalyze_plan_never_divides_by_zero(freq, upc, interval, period):
-    plan = s.reanalyze_plan(buffer_reanalyze_freq=freq, update_per_collect=upc)
-    assert (plan.interval_steps, plan.period_epochs) == (interval, period)
-    assert all(isinstance(plan.at_step(i), bool) for i in range(upc))
-    if interval is not None:
-        assert sum(plan.at_step(i) for i in range(upc)) == len(range(0, upc, interval))
+def test_reanalyze_plan_makes_exactly_freq_calls_per_budget(freq, budget, calls, period):
+    plan = s.reanalyze_plan(buffer_reanalyze_freq=freq, update_per_collect=budget)
+    assert plan.period_epochs == period
+    # the drivers visit steps 0..budget-1, and step 0 alone for an empty budget
+    got = [step for step in range(max(budget, 1)) for _ in range(plan.calls_at_step(step))]
+    assert got == calls
+    assert plan.calls_at_step(max(budget, 1)) == 0
+
+
+@pytest.mark.parametrize(
+    "interval,lag,gap",
+    [(1, 0, 1), (16, 0, 1), (16, 8, 9), (16, 15, 16), (16, 30, 16), (16, -1, 16), (4, 2, 3), (1, -1, 1)],
+)
+def test_publish_interval_is_the_gap_should_publish_uses(interval, lag, gap):
+    assert s.publish_interval(weight_sync_interval=interval, max_policy_lag=lag) == gap
+    published = [
+        d for d in range(1, 40)
+        if s.should_publish(
+            current_version=d, last_published=0, weight_sync_interval=interval, max_policy_lag=lag
+        )
+    ]
+    assert published[0] == gap
 
 
 @pytest.mark.parametrize(

@@ -83,8 +83,11 @@ class AsyncStats:
 
     results: int = 0
     result_transitions: int = 0
-    policy_lags: list[int] = field(default_factory=list)
+    # policy lag of each collect, in train_iter: at launch (learner train_iter when the collect was launched
+    # minus the snapshot version it got; what max_policy_lag bounds) and at push (learner train_iter when its
+    # segments were pushed minus that version; adds the training done while the collect ran)
     launch_lags: list[int] = field(default_factory=list)
+    push_lags: list[int] = field(default_factory=list)
     publishes: int = 0
     collector_restarts: int = 0
     evaluator_restarts: int = 0
@@ -304,7 +307,7 @@ class AsyncDriver:
         st, core = self.stats, self.core
         st.results += 1
         st.result_transitions += result.real_transitions
-        st.policy_lags.append(core.train_iter - result.policy_version)
+        st.push_lags.append(core.train_iter - result.policy_version)
         if result.weights_digest and result.weights_digest != self.digests.get(result.policy_version):
             st.digest_mismatches += 1
         budget = core.push_collect(result)
@@ -385,11 +388,12 @@ class AsyncDriver:
             b = self.budgets[0]
             if b.progress == 0 and b.plan.at_epoch(core.counters.train_epoch):
                 core.buffer_reanalyze()
-            if b.plan.at_step(b.progress):
+            for _ in range(b.plan.calls_at_step(b.progress)):
                 core.buffer_reanalyze()
-            core.train_step()
-            b.progress += 1
-            steps += 1
+            if b.progress < b.total:  # a 0-step budget (replay_ratio carry) is only counted
+                core.train_step()
+                b.progress += 1
+                steps += 1
             if b.progress >= b.total:
                 self.budgets.popleft()
                 core.budget_done()
@@ -399,6 +403,11 @@ class AsyncDriver:
     # ------------------------------------------------------------------ metrics
 
     def pipeline_metrics(self) -> dict:
+        """The async pipeline's metrics. Policy lags are over the last 100 collects, in train_iter:
+        ``policy_lag_mean/max`` at launch (train_iter at launch minus the snapshot version the collect got;
+        0 <= it <= max_policy_lag when the lag rule is on) and ``policy_lag_at_push_mean/max`` at push
+        (train_iter when the collect's segments entered the buffer minus that version: the launch lag plus
+        the train steps taken while the collect ran; not bounded by max_policy_lag)."""
         st = self.stats
         wall = max(time.monotonic() - self._t0, 1e-9)
         n_col = max(1, len(self.collectors))
@@ -409,11 +418,14 @@ class AsyncDriver:
         if len(self._window) >= 2:
             (t_a, e_a), (t_b, e_b) = self._window[0], self._window[-1]
             recent = (e_b - e_a) / max(t_b - t_a, 1e-9)
-        lags = st.policy_lags[-100:] or [0]
+        lags = st.launch_lags[-100:] or [0]
+        push_lags = st.push_lags[-100:] or [0]
         return {
             "pipeline/envstep_per_s_recent": recent,
             "policy_lag_mean": float(np.mean(lags)),
             "policy_lag_max": int(np.max(lags)),
+            "policy_lag_at_push_mean": float(np.mean(push_lags)),
+            "policy_lag_at_push_max": int(np.max(push_lags)),
             "pipeline/budget_queue": len(self.budgets),
             "pipeline/learner_idle_frac": st.learner_idle_s / wall,
             "pipeline/collector_idle_frac": max(0.0, 1.0 - busy / (n_col * wall)),

@@ -42,6 +42,7 @@ class Counters:
     reanalyze_calls: int = 0
     stale_writebacks: int = 0
     wall_s: float = 0.0  # run wall time, carried across resumes
+    replay_ratio_carry: float = 0.0  # train steps in [0, 1) owed by replay_ratio, carried to the next collect
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -140,15 +141,22 @@ class DriverCore:
     # ------------------------------------------------------------------ data in
 
     def push_collect(self, result: CollectResult) -> int:
-        """Push a collect result; returns the train budget (update_per_collect) it earns."""
-        self.counters.env_steps += result.envstep_delta
-        self.counters.collects += 1
+        """Push a collect result; returns the train budget (update_per_collect) it earns, possibly 0.
+
+        The fraction of a step that ``learn.replay_ratio`` leaves over is carried to the next collect
+        (``counters.replay_ratio_carry``, saved in checkpoints), so the long-run ratio is the configured one.
+        """
+        c = self.counters
+        c.env_steps += result.envstep_delta
+        c.collects += 1
         self.buffer.push(list(result.segments))
-        return schedule.update_per_collect(
+        budget, c.replay_ratio_carry = schedule.update_per_collect(
             real_transitions=result.real_transitions,
             fixed=self.cfg.learn.update_per_collect,
             replay_ratio=self.cfg.learn.replay_ratio,
+            carry=c.replay_ratio_carry,
         )
+        return budget
 
     def reanalyze_plan(self, budget: int) -> schedule.ReanalyzePlan:
         return schedule.reanalyze_plan(

@@ -108,9 +108,11 @@ def train_muzero_segment(
             if core.trainable():
                 if plan.at_epoch(core.counters.train_epoch):
                     core.buffer_reanalyze()
-                for step in range(budget):
-                    if plan.at_step(step):
+                for step in range(max(budget, 1)):  # a 0-step budget still runs its reanalyze calls
+                    for _ in range(plan.calls_at_step(step)):
                         core.buffer_reanalyze()
+                    if step >= budget:
+                        break
                     core.train_step()
                     if core.train_iter >= cfg.max_train_iter:
                         break

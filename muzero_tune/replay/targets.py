@@ -204,5 +204,7 @@ def reanalyze_positions(
         fresh = {"child_visits": fresh}
     for j, (seg, i) in enumerate(where):
         for name, arr in fresh.items():
+            if not seg.stats[name].flags.writeable:  # segments from Ray are read-only object-store views
+                seg.stats[name] = seg.stats[name].copy()
             seg.stats[name][i] = arr[j]
     return len(where)

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
 from muzero_tune.config import (
     ConfigError,
+    ConfigWarning,
     ExperimentConfig,
     apply_overrides,
     from_flat_dict,
@@ -49,8 +51,10 @@ def validate_param_space(cfg: ExperimentConfig, param_space: dict[str, Any]) -> 
     for key, value in param_space.items():
         if key not in keys:
             apply_overrides(cfg, {key: None})  # raises the unknown-key ConfigError with suggestions
-        for v in _domain_values(value):
-            validate(apply_overrides(cfg, {key: v}), check_env=False)
+        with warnings.catch_warnings():  # one key at a time is no trial's config: warn in the trials
+            warnings.simplefilter("ignore", ConfigWarning)
+            for v in _domain_values(value):
+                validate(apply_overrides(cfg, {key: v}), check_env=False)
 
 
 def check_fits_cluster(cfg: ExperimentConfig, param_space: dict[str, Any]) -> None:
