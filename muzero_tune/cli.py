@@ -2,7 +2,9 @@
 
 Every setting is reachable with ``--set key=value`` (dotted keys of the config tree; ``train --help``
 lists them all with their docs, generated from the config's field docs). Bad input stops before any
-environment, process or network starts, with a message naming the key, the value and what is allowed.
+environment, process or network starts, with one line naming the input, the value and what is allowed
+(a :class:`~muzero_tune.errors.UserError`, exit status 2); any other exception is a bug and keeps its
+traceback. ``train --resume PATH`` continues the run in PATH with the checkpoint's own config.
 """
 
 from __future__ import annotations
@@ -13,16 +15,43 @@ import sys
 
 from muzero_tune.config import (
     PRESETS,
-    ConfigError,
     describe_fields,
     make_config,
     parse_set_args,
     to_flat_dict,
 )
+from muzero_tune.errors import PathError, UserError
 
 
-def _config_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", default="cartpole_muzero", help=f"preset name: {', '.join(PRESETS)}")
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (argparse's default prints the usage block first)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+DEFAULT_PRESET = "cartpole_muzero"
+
+
+def _config_args(p: argparse.ArgumentParser, *, resumable: bool = False) -> None:
+    p.add_argument(
+        "--preset",
+        default=None,
+        help=f"preset name (default {DEFAULT_PRESET}"
+        + ("; not with --resume: a resumed run keeps its own config" if resumable else "")
+        + f"): {', '.join(PRESETS)}",
+    )
     p.add_argument("--config", metavar="FILE.yaml", help="YAML file of settings (nested or dotted keys)")
     p.add_argument(
         "--set",
@@ -35,10 +64,8 @@ def _config_args(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="muzero-tune", description="Train, evaluate and compare MuZero-family agents."
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="muzero-tune", description="Train, evaluate and compare MuZero-family agents.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     tr = sub.add_parser(
         "train",
@@ -46,21 +73,33 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="settings (use with --set KEY=VALUE):\n" + describe_fields(),
     )
-    _config_args(tr)
+    _config_args(tr, resumable=True)
     tr.add_argument(
         "--async-pipeline",
         action="store_true",
         help="run the async pipeline (Ray actors); same as --set policy.async_pipeline.enabled=true",
     )
-    tr.add_argument("--resume", metavar="CHECKPOINT", help="continue from a checkpoint file or run folder")
+    tr.add_argument(
+        "--resume",
+        metavar="PATH",
+        help="continue the run in PATH with its own config (--set / --config change it on top): "
+        "a run folder, an eval_*.pt, a Tune trial folder, a Tune checkpoint_* folder or its checkpoint.pt",
+    )
+    tr.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the run already in the run folder (or, with --resume, discard its later checkpoints)",
+    )
     tr.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
 
     ev = sub.add_parser("eval", help="evaluate a checkpoint's evaluated snapshot")
     ev.add_argument(
-        "checkpoint", help="a checkpoint file (ckpt/eval_*.pt) or a run folder (newest checkpoint)"
+        "checkpoint",
+        help="a run folder (its newest intact checkpoint), an eval_*.pt, a Tune trial folder, a Tune "
+        "checkpoint_* folder or its checkpoint.pt",
     )
     ev.add_argument(
-        "--episodes", type=int, default=None, help="episodes (default: the run's eval.n_episodes)"
+        "--episodes", type=positive_int, default=None, help="episodes (default: the run's eval.n_episodes)"
     )
     ev.add_argument("--seed", type=int, default=None, help="evaluation seed (default: the run's)")
 
@@ -72,19 +111,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="search space name (search_spaces/): "
         "quickstart, sync_vs_async, policy_lag_grid, policy_lag_optuna",
     )
-    sw.add_argument("--samples", type=int, default=None, help="num_samples (grids: repeats of the grid)")
+    sw.add_argument(
+        "--samples", type=positive_int, default=None, help="num_samples (grids: repeats of the grid)"
+    )
     sw.add_argument(
         "--scheduler", choices=("asha", "none"), default=None, help="override the space's scheduler"
     )
-    sw.add_argument("--max-concurrent", type=int, default=None, help="trials at once")
+    sw.add_argument("--max-concurrent", type=positive_int, default=None, help="trials at once")
     sw.add_argument("--name", default=None, help="experiment name (default: <space>_<preset>)")
     sw.add_argument(
-        "--num-cpus", type=int, default=None, help="logical CPUs for a local Ray (default: enough)"
+        "--num-cpus", type=positive_int, default=None, help="logical CPUs for a local Ray (default: enough)"
     )
 
     rs = sub.add_parser("resume", help="continue a killed or interrupted sweep from its folder")
     rs.add_argument("path", help="the sweep folder: <tune.storage_path>/<name>")
-    rs.add_argument("--num-cpus", type=int, default=None)
+    rs.add_argument("--num-cpus", type=positive_int, default=None)
 
     cp = sub.add_parser(
         "compare", help="plot runs of an MLflow experiment (reward vs wall/env steps, envstep/s)"
@@ -102,33 +143,111 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _note(msg: str) -> None:
+    print(f"[muzero-tune] {msg}", file=sys.stderr, flush=True)
+
+
+def _overrides(args: argparse.Namespace) -> dict:
+    """--config (YAML) then --set (later wins) then --async-pipeline, as dotted keys."""
+    from muzero_tune.config import load_yaml
+
+    out = load_yaml(args.config) if args.config else {}
+    out.update(parse_set_args(args.overrides))
+    if getattr(args, "async_pipeline", False):
+        out["policy.async_pipeline.enabled"] = "true"
+    return out
+
+
+def _resume_plan(args: argparse.Namespace):
+    """(cfg, checkpoint dict, reporter) for ``train --resume PATH``: the checkpoint's own config with the
+    overrides on top, continuing the checkpoint's run folder (or a new folder when exp_name/output_dir
+    change, or when the checkpoint came from a Tune trial)."""
+    from muzero_tune.pipeline.checkpoint import find_checkpoint
+    from muzero_tune.pipeline.resume import describe_changes, resume_config
+    from muzero_tune.pipeline.sync_driver import run_dir
+
+    if args.preset is not None:
+        raise UserError(
+            f"--preset {args.preset} cannot be combined with --resume: a resumed run keeps the config in its "
+            f"checkpoint; change settings with --set KEY=VALUE"
+        )
+    found = find_checkpoint(args.resume)
+    notes = [f"skipping damaged checkpoint {path}: {problem}" for path, problem in found.skipped]
+    if "resume" not in found.checkpoint:
+        from muzero_tune.errors import CheckpointError
+
+        raise CheckpointError(found.path, "no resume state in it: it can be evaluated, not resumed")
+    cfg, changes = resume_config(found.checkpoint["config"], _overrides(args))
+    counters = found.checkpoint["resume"]["counters"]
+    notes.append(
+        f"resuming from {found.path} (eval_index={counters['eval_index']} "
+        f"train_iter={found.checkpoint['resume']['learner']['train_iter']} "
+        f"env_steps={counters['env_steps']}, "
+        f"{'async' if cfg.policy.async_pipeline.enabled else 'sync'} pipeline); {describe_changes(changes)}"
+    )
+    moved = any(k in changes for k in ("exp_name", "logging.output_dir"))
+    folder = found.run_dir if (found.run_dir is not None and not moved) else run_dir(cfg)
+    if counters["env_steps"] >= cfg.max_env_step:
+        notes.append(
+            f"the run already has env_steps={counters['env_steps']} >= max_env_step={cfg.max_env_step}: "
+            f"raise it with --set max_env_step=N to train further"
+        )
+    return cfg, found, folder, notes
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
-    overrides = parse_set_args(args.overrides)
-    if args.async_pipeline:
-        overrides["policy.async_pipeline.enabled"] = "true"
-    cfg = make_config(args.preset, yaml_path=args.config, overrides=overrides)
+    from muzero_tune.config import validate
+
+    if args.resume:
+        cfg, found, folder, notes = _resume_plan(args)
+        resume_from = found.checkpoint
+    else:
+        cfg = make_config(args.preset or DEFAULT_PRESET, overrides=_overrides(args))
+        found, folder, resume_from, notes = None, None, None, []
     if args.print_config:
         print(json.dumps(to_flat_dict(cfg), indent=1))
         return 0
-    from muzero_tune.pipeline.sync_driver import run_dir, train
+    from muzero_tune.pipeline.core import check_policy_env
+    from muzero_tune.pipeline.sync_driver import default_reporter, train
 
-    summary = train(cfg, resume_from=args.resume)
+    validate(cfg)
+    check_policy_env(cfg)  # before the run folder is claimed: a bad combination writes nothing
+    same_run = found is not None and found.run_dir is not None and folder == found.run_dir
+    reporter = default_reporter(
+        cfg, resume_eval_index=found.eval_index if same_run else None, overwrite=args.overwrite, folder=folder
+    )
+    for msg in notes + reporter.notes:  # printed once the run folder is claimed: a refusal is one line
+        _note(msg)
+    summary = train(cfg, reporter=reporter, resume_from=resume_from)
     last = summary.evals[-1] if summary.evals else {}
+    reward = f"reward_mean={last['reward_mean']:.1f}" if "reward_mean" in last else "no new evaluation"
     print(
         f"[muzero-tune] stopped ({summary.stop_reason}): env_steps={summary.env_steps} "
-        f"train_iter={summary.train_iter} wall_s={summary.wall_s:.1f} "
-        f"reward_mean={last.get('reward_mean', float('nan')):.1f} checkpoints: {run_dir(cfg)}/ckpt/"
+        f"train_iter={summary.train_iter} wall_s={summary.wall_s:.1f} {reward} "
+        f"checkpoints: {reporter.ckpt_dir}/"
     )
+    if cfg.logging.mlflow:
+        from muzero_tune.tune.mlflow_log import default_tracking_uri
+
+        uri = cfg.logging.mlflow_tracking_uri or default_tracking_uri(cfg.logging.output_dir)
+        print(
+            f"[muzero-tune] MLflow: {uri} experiment '{cfg.logging.mlflow_experiment}' -- compare with: "
+            f"muzero-tune compare --experiment {cfg.logging.mlflow_experiment} --tracking-uri {uri}"
+        )
     return 0
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from muzero_tune.pipeline.checkpoint import load_policy
+    from muzero_tune.pipeline.checkpoint import find_checkpoint, policy_from_checkpoint
     from muzero_tune.pipeline.core import EVAL_SEED_OFFSET, setup_torch_threads
     from muzero_tune.pipeline.evaluator import Evaluator
 
     setup_torch_threads()
-    cfg, policy, model, ckpt = load_policy(args.checkpoint)
+    found = find_checkpoint(args.checkpoint)
+    for path, problem in found.skipped:
+        _note(f"skipping damaged checkpoint {path}: {problem}")
+    ckpt = found.checkpoint
+    cfg, policy, model = policy_from_checkpoint(ckpt)
     seed = args.seed if args.seed is not None else cfg.seed + EVAL_SEED_OFFSET
     evaluator = Evaluator(cfg, policy, policy.spec, seed=seed)
     try:
@@ -139,6 +258,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     print(
         json.dumps(
             {
+                "checkpoint": found.path,
                 "version": res.policy_version,
                 "reward_mean": res.reward_mean,
                 "reward_std": res.reward_std,
@@ -155,7 +275,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
     res = run_sweep(
         args.space,
-        preset=args.preset,
+        preset=args.preset or DEFAULT_PRESET,
         overrides=_sweep_overrides(args),
         samples=args.samples,
         scheduler=args.scheduler,
@@ -167,11 +287,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def _sweep_overrides(args: argparse.Namespace) -> dict:
-    from muzero_tune.config import load_yaml
-
-    out = load_yaml(args.config) if args.config else {}
-    out.update(parse_set_args(args.overrides))
-    return out
+    return _overrides(args)
 
 
 def _print_sweep(res) -> int:
@@ -218,6 +334,11 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
     storage = os.path.abspath(ExperimentConfig().tune.storage_path)
     uri = args.tracking_uri or default_tracking_uri(storage)
+    if uri.startswith("sqlite:///") and not os.path.exists(uri[len("sqlite:///") :]):
+        raise PathError(
+            f"--tracking-uri {uri}: no MLflow store there (the file does not exist); run a sweep or a "
+            f"`train --set logging.mlflow=true` first, or pass the store's URI"
+        )
     out = args.out or os.path.join(storage, "compare", args.experiment)
     res = compare(uri, args.experiment, out)
     for p in res["plots"]:
@@ -247,6 +368,8 @@ def _cmd_presets(_: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; a user error (bad input) is printed as one line with exit status 2, while any other
+    exception is a bug and keeps its traceback."""
     args = build_parser().parse_args(argv)
     try:
         return {
@@ -258,14 +381,26 @@ def main(argv: list[str] | None = None) -> int:
             "presets": _cmd_presets,
             "spaces": _cmd_spaces,
         }[args.command](args)
-    except ConfigError as e:
-        print(f"muzero-tune: error: {e}", file=sys.stderr)
+    except UserError as e:
+        print(f"muzero-tune {args.command}: error: {_one_line(e)}", file=sys.stderr)
         return 2
-    except ValueError as e:  # e.g. compare: unknown experiment
-        if args.command != "compare":
+    except ImportError as e:
+        from muzero_tune.envs.factory import MissingDependencyError
+
+        if not isinstance(e, MissingDependencyError):
             raise
-        print(f"muzero-tune: error: {e}", file=sys.stderr)
+        print(f"muzero-tune {args.command}: error: {_one_line(e)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(
+            f"muzero-tune {args.command}: interrupted (checkpoints written so far are intact)",
+            file=sys.stderr,
+        )
+        return 130
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())
 
 
 if __name__ == "__main__":

@@ -22,6 +22,8 @@ from typing import Any
 
 import yaml
 
+from muzero_tune.errors import PathError, UserError
+
 POLICY_TYPES = (
     "muzero",
     "muzero_context",
@@ -40,7 +42,7 @@ class ConfigWarning(UserWarning):
     """A valid setting that has no effect or does not do what its name suggests (validation warns)."""
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A setting is unknown or out of range; raised before any work starts."""
 
     def __init__(self, key: str, value: Any, allowed: str):
@@ -325,6 +327,13 @@ class LoggingConfig:
     output_dir: str = param("runs", "runs are written to <output_dir>/<exp_name>/")
     progress_interval_s: float = param(5.0, "seconds between progress lines (0: every loop)", ge=0.0)
     quiet: bool = param(False, "no progress lines")
+    mlflow: bool = param(False, "standalone runs: log every evaluation to MLflow (metric step = env steps)")
+    mlflow_tracking_uri: str | None = param(
+        None, "standalone MLflow tracking URI (None: sqlite:///<output_dir>/mlflow.db)"
+    )
+    mlflow_experiment: str = param(
+        "standalone", "standalone MLflow experiment (compare its runs with muzero-tune compare)"
+    )
 
 
 @dataclass(frozen=True)
@@ -609,8 +618,17 @@ def flatten(mapping: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def load_yaml(path: str) -> dict[str, Any]:
-    with open(path) as f:
-        data = yaml.safe_load(f) or {}
+    """A YAML settings file as dotted keys; a missing file or a syntax error names the file (line, column)."""
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f) or {}
+    except OSError as e:
+        raise PathError(f"--config {path}: cannot read the YAML file ({e.strerror or e})") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else path
+        what = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise UserError(f"--config {where}: not valid YAML ({what})") from None
     if not isinstance(data, Mapping):
         raise ConfigError("--config", path, "a YAML file must hold a mapping of settings")
     return flatten(data)

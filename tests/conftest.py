@@ -180,3 +180,42 @@ def pids_still_alive(pids, grace_s: float = 15.0) -> set[int]:
 def alive_after():
     """``alive_after(pids, grace_s=15) -> set``: pids still running after the grace period."""
     return pids_still_alive
+
+
+# ---------------------------------------------------------------------------------------------- the CLI
+
+# every CLI run in the tests: the tiny sync CartPole settings as --set arguments
+CLI_SMALL = {
+    "model.hidden_dim": 32, "model.latent_dim": 16, "mcts.num_simulations": 4, "learn.batch_size": 32,
+    "env.collector_env_num": 4, "env.evaluator_env_num": 2, "eval.n_episodes": 2, "eval.eval_freq": 20,
+    "replay.game_segment_length": 20, "stop_value": None, "logging.progress_interval_s": 0,
+}
+
+
+def set_args(overrides: dict) -> list[str]:
+    """``{"a.b": 3}`` -> ``["--set", "a.b=3"]`` (None as ``none``)."""
+    out: list[str] = []
+    for k, v in overrides.items():
+        out += ["--set", f"{k}={'none' if v is None else v}"]
+    return out
+
+
+def run_cli(args: list[str], *, cwd, env: dict | None = None, timeout: float = 300):
+    """``python -m muzero_tune.cli ARGS`` in a subprocess; returns the CompletedProcess (text)."""
+    import subprocess
+    import sys
+
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run([sys.executable, "-m", "muzero_tune.cli", *args], cwd=str(cwd), env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory):
+    """A tiny sync run trained through the CLI (seed 1, 300 env steps, 3 evaluations); copy it before
+    changing it. Returns its run folder (``<tmp>/runs/tiny``)."""
+    root = tmp_path_factory.mktemp("cli_run")
+    res = run_cli(["train", *set_args({**CLI_SMALL, "seed": 1, "max_env_step": 300, "exp_name": "tiny",
+                                       "logging.output_dir": str(root / "runs")})], cwd=root)
+    assert res.returncode == 0, res.stderr
+    return str(root / "runs" / "tiny")

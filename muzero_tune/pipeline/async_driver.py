@@ -532,7 +532,7 @@ def train_muzero_segment_async(
     local = cfg.policy.async_pipeline.ray_local_mode
     if not local:
         ensure_ray(cfg)
-    reporter = reporter or default_reporter(cfg)
+    reporter = reporter or default_reporter(cfg, resume_from=resume_from)
     placement = local_placement(cfg) if local else current_placement(cfg)
     driver = AsyncDriver(cfg, reporter, fault=fault)
     if driver_out is not None:

@@ -27,6 +27,7 @@ from muzero_tune.replay.buffer import ReplayBuffer
 from muzero_tune.replay.targets import reanalyze_positions
 
 EVAL_SEED_OFFSET = 100_000  # evaluator episode j is reset with seed cfg.seed + EVAL_SEED_OFFSET + j
+EPISODE_WINDOW = 100  # collect/episode_*_mean average the last this many finished training episodes
 
 
 @dataclass
@@ -42,6 +43,8 @@ class Counters:
     reanalyze_calls: int = 0
     stale_writebacks: int = 0
     wall_s: float = 0.0  # run wall time, carried across resumes
+    episodes: int = 0  # training episodes finished (in-flight episodes restart after a resume)
+    recent_episodes: list = field(default_factory=list)  # [[return, length]] of the last EPISODE_WINDOW
     replay_ratio_carry: float = 0.0  # train steps in [0, 1) owed by replay_ratio, carried to the next collect
 
     def as_dict(self) -> dict:
@@ -149,6 +152,7 @@ class DriverCore:
         c = self.counters
         c.env_steps += result.envstep_delta
         c.collects += 1
+        self.count_episodes(result.episode_returns, result.episode_lengths)
         self.buffer.push(list(result.segments))
         budget, c.replay_ratio_carry = schedule.update_per_collect(
             real_transitions=result.real_transitions,
@@ -157,6 +161,24 @@ class DriverCore:
             carry=c.replay_ratio_carry,
         )
         return budget
+
+    def count_episodes(self, returns, lengths) -> None:
+        """Record finished training episodes (returns: [E] floats, lengths: [E] env steps)."""
+        c = self.counters
+        c.episodes += len(returns)
+        c.recent_episodes = (c.recent_episodes + [[float(r), int(n)] for r, n in zip(returns, lengths)])[
+            -EPISODE_WINDOW:
+        ]
+
+    def episode_metrics(self) -> dict:
+        """collect/*: mean return and length of the last EPISODE_WINDOW training episodes (NaN before one
+        ends), and the episodes finished so far."""
+        recent = self.counters.recent_episodes
+        return {
+            "collect/episode_return_mean": float(np.mean([r for r, _ in recent])) if recent else float("nan"),
+            "collect/episode_length_mean": float(np.mean([n for _, n in recent])) if recent else float("nan"),
+            "collect/episodes": self.counters.episodes,
+        }
 
     def reanalyze_plan(self, budget: int) -> schedule.ReanalyzePlan:
         return schedule.reanalyze_plan(
@@ -227,6 +249,7 @@ class DriverCore:
             "buffer/bytes": self.buffer.nbytes,
             "buffer/stale_writebacks": self.counters.stale_writebacks,
             "buffer/reanalyze_calls": self.counters.reanalyze_calls,
+            **self.episode_metrics(),
         }
         if self.last_learn is not None:
             m.update(self.last_learn.metrics)

@@ -2,8 +2,9 @@
 
 The drivers call ``on_progress`` (often) and ``on_eval`` (every evaluation, with the exact evaluated
 snapshot and a callable returning the resume state). Standalone, :class:`StandaloneReporter` prints a
-progress line, appends metrics to ``<run>/metrics.jsonl`` and writes ``<run>/ckpt/eval_<index>.pt``;
-under Tune a reporter calls ``tune.report`` instead. Drivers do not know which host they run in.
+progress line, appends metrics to ``<run>/metrics.jsonl``, writes ``<run>/ckpt/eval_<index>.pt`` and, with
+``logging.mlflow``, logs each evaluation to MLflow; under Tune a reporter calls ``tune.report`` instead.
+Drivers do not know which host they run in.
 """
 
 from __future__ import annotations
@@ -34,28 +35,70 @@ def format_progress(m: dict) -> str:
         f"train_iter={m.get('train_iter', 0):>7d}",
         f"buffer={m.get('buffer/transitions', 0):>7d}",
     ]
+    ret = m.get("collect/episode_return_mean")
+    if ret is not None and ret == ret:  # NaN until a training episode ends
+        parts.append(f"episode_return_mean={ret:.1f}")
+        parts.append(f"episodes={m.get('collect/episodes', 0)}")
     if m.get("reward_mean") is not None:
         parts.append(f"reward_mean={m['reward_mean']:.1f}")
     return "[muzero-tune] " + " ".join(parts)
 
 
+def json_row(metrics: dict) -> str:
+    """One metrics.jsonl line: the scalar metrics, NaN written as null (strict JSON)."""
+    row = {
+        k: (None if isinstance(v, float) and v != v else v)
+        for k, v in metrics.items()
+        if isinstance(v, (int, float, str))
+    }
+    return json.dumps(row)
+
+
 class StandaloneReporter:
-    """Writes ``<output_dir>/<exp_name>/{metrics.jsonl, ckpt/eval_NNNNNN.pt}`` and prints progress."""
+    """Writes ``<run_dir>/{run.json, config.json, metrics.jsonl, ckpt/eval_NNNNNN.pt}`` and prints progress.
+
+    It claims ``run_dir`` first (:mod:`muzero_tune.pipeline.run_folder`): a new run (``resume_eval_index``
+    None) refuses a folder that holds another run unless ``overwrite``; a resumed run continues its folder
+    from evaluation ``resume_eval_index``. With ``mlflow_uri`` every evaluation is also logged to that MLflow
+    store (one run per run folder, metric step = env steps).
+    """
 
     def __init__(
-        self, run_dir: str, *, flat_config: dict, progress_interval_s: float = 5.0, quiet: bool = False
+        self,
+        run_dir: str,
+        *,
+        flat_config: dict,
+        progress_interval_s: float = 5.0,
+        quiet: bool = False,
+        resume_eval_index: int | None = None,
+        overwrite: bool = False,
+        mlflow_uri: str | None = None,
+        mlflow_experiment: str = "standalone",
     ):
+        from muzero_tune.pipeline import run_folder
+
         self.run_dir = run_dir
         self.ckpt_dir = os.path.join(run_dir, "ckpt")
-        os.makedirs(self.ckpt_dir, exist_ok=True)
+        if resume_eval_index is None:
+            self.run_info, self.notes = run_folder.claim_new(run_dir, overwrite=overwrite), []
+        else:
+            self.run_info, self.notes = run_folder.claim_resume(
+                run_dir, resume_eval_index, overwrite=overwrite
+            )
         self.flat_config = flat_config
         self.progress_interval_s = progress_interval_s
         self.quiet = quiet
         self._last_print = 0.0
         self._last_reward: float | None = None
-        self._metrics = open(os.path.join(run_dir, "metrics.jsonl"), "a")
         with open(os.path.join(run_dir, "config.json"), "w") as f:
             json.dump(flat_config, f, indent=1)
+        self.mlflow_run = None
+        if mlflow_uri is not None:
+            self.mlflow_run = _standalone_mlflow_run(
+                mlflow_uri, mlflow_experiment, run_dir, self.run_info["run_id"], flat_config
+            )
+            self.run_info = run_folder.update_run_info(run_dir, mlflow_run_id=self.mlflow_run.run_id)
+        self._metrics = open(os.path.join(run_dir, "metrics.jsonl"), "a")
         self.checkpoints: list[str] = []
 
     def _print(self, m: dict) -> None:
@@ -70,9 +113,7 @@ class StandaloneReporter:
 
     def on_eval(self, metrics: dict, evaluated: dict, resume_state: Callable[[], dict]) -> None:
         self._last_reward = metrics.get("reward_mean")
-        self._metrics.write(
-            json.dumps({k: v for k, v in metrics.items() if isinstance(v, (int, float, str))}) + "\n"
-        )
+        self._metrics.write(json_row(metrics) + "\n")
         self._metrics.flush()
         path = os.path.join(self.ckpt_dir, f"eval_{int(metrics['eval_index']):06d}.pt")
         save_checkpoint(
@@ -80,10 +121,39 @@ class StandaloneReporter:
             {"format": FORMAT, "config": self.flat_config, "evaluated": evaluated, "resume": resume_state()},
         )
         self.checkpoints.append(path)
+        if self.mlflow_run is not None:
+            self.mlflow_run.log_metrics(metrics, step=int(metrics["envstep"]))
         self._print(metrics)
 
     def close(self) -> None:
         self._metrics.close()
+        if self.mlflow_run is not None:
+            # close() runs in the drivers' ``finally``: an exception in flight means the run failed
+            self.mlflow_run.finish("FAILED" if sys.exc_info()[0] is not None else "FINISHED")
+            self.mlflow_run = None
+
+
+def _standalone_mlflow_run(uri: str, experiment: str, run_dir: str, run_id: str, flat_config: dict):
+    from muzero_tune.tune.mlflow_log import RUN_TAG, TrialRun
+
+    artifact_root = os.path.join(os.path.dirname(os.path.abspath(run_dir)), "mlartifacts")
+    return TrialRun(
+        tracking_uri=uri,
+        experiment_name=experiment,
+        artifact_root=artifact_root,
+        trial_id=run_id,
+        run_name=os.path.basename(os.path.abspath(run_dir)),
+        params=flat_config,
+        tags={
+            "pipeline": "async" if flat_config.get("policy.async_pipeline.enabled") else "sync",
+            "policy_type": str(flat_config.get("policy.type")),
+            "env_id": str(flat_config.get("env.env_id")),
+            "seed": str(flat_config.get("seed")),
+            "run_dir": os.path.abspath(run_dir),
+            "muzero_tune.kind": "standalone",
+        },
+        key_tag=RUN_TAG,
+    )
 
 
 class MemoryReporter:

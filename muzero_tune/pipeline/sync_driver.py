@@ -27,14 +27,42 @@ def run_dir(cfg: ExperimentConfig) -> str:
     return os.path.join(cfg.logging.output_dir, cfg.exp_name)
 
 
-def default_reporter(cfg: ExperimentConfig) -> StandaloneReporter:
-    from muzero_tune.config import to_flat_dict
+def default_reporter(
+    cfg: ExperimentConfig,
+    *,
+    resume_from: str | dict | None = None,
+    resume_eval_index: int | None = None,
+    overwrite: bool = False,
+    folder: str | None = None,
+) -> StandaloneReporter:
+    """The standalone reporter of ``cfg``'s run folder (``folder``, default ``<output_dir>/<exp_name>``).
 
+    A new run refuses a folder holding another run unless ``overwrite``. Resuming from a checkpoint path
+    inside that folder (or giving ``resume_eval_index``) continues the folder's run from that evaluation;
+    any other resume source starts a new run in the folder.
+    """
+    from muzero_tune.config import to_flat_dict
+    from muzero_tune.pipeline.checkpoint import find_checkpoint
+
+    folder = folder or run_dir(cfg)
+    if resume_eval_index is None and isinstance(resume_from, str):
+        found = find_checkpoint(resume_from)
+        if found.run_dir is not None and os.path.realpath(found.run_dir) == os.path.realpath(folder):
+            resume_eval_index = found.eval_index
+    mlflow_uri = None
+    if cfg.logging.mlflow:
+        from muzero_tune.tune.mlflow_log import default_tracking_uri
+
+        mlflow_uri = cfg.logging.mlflow_tracking_uri or default_tracking_uri(cfg.logging.output_dir)
     return StandaloneReporter(
-        run_dir(cfg),
+        folder,
         flat_config=to_flat_dict(cfg),
         progress_interval_s=cfg.logging.progress_interval_s,
         quiet=cfg.logging.quiet,
+        resume_eval_index=resume_eval_index,
+        overwrite=overwrite,
+        mlflow_uri=mlflow_uri,
+        mlflow_experiment=cfg.logging.mlflow_experiment,
     )
 
 
@@ -52,7 +80,7 @@ def train_muzero_segment(
     validate(cfg)
     check_policy_env(cfg)
     setup_torch_threads()
-    reporter = reporter or default_reporter(cfg)
+    reporter = reporter or default_reporter(cfg, resume_from=resume_from)
     core = DriverCore(cfg, reporter)
     if resume_from is not None:
         ckpt = load_checkpoint(resume_from) if isinstance(resume_from, str) else resume_from

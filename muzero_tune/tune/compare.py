@@ -10,6 +10,8 @@ import os
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from muzero_tune.errors import UserError
+
 
 @dataclass
 class RunSeries:
@@ -31,7 +33,10 @@ def read_runs(
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         names = [e.name for e in client.search_experiments()]
-        raise ValueError(f"no MLflow experiment {experiment!r} at {tracking_uri}; experiments: {names}")
+        raise UserError(
+            f"--experiment {experiment}: no such MLflow experiment at {tracking_uri}; experiments there: "
+            f"{', '.join(names) or '(none)'}"
+        )
     out = []
     for run in client.search_runs([exp.experiment_id]):
         if run.data.tags.get("muzero_tune.kind") == "compare":
@@ -122,7 +127,7 @@ def compare(tracking_uri: str, experiment: str, out_dir: str, *, log_artifacts: 
     """Read, plot, log the plots to a ``compare`` run; returns {"plots", "summary", "run_id"}."""
     runs = read_runs(tracking_uri, experiment)
     if not runs:
-        raise ValueError(f"experiment {experiment!r} has no runs to compare")
+        raise UserError(f"--experiment {experiment}: the MLflow experiment has no runs to compare")
     paths = plot_runs(runs, out_dir)
     summary = summarize(runs)
     run_id = None

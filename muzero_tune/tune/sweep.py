@@ -25,6 +25,7 @@ from muzero_tune.config import (
     to_flat_dict,
     validate,
 )
+from muzero_tune.errors import PathError
 from muzero_tune.tune.resources import trial_resources
 
 SWEEP_FILE = "muzero_tune_sweep.json"
@@ -171,6 +172,10 @@ def run_sweep(
     from search_spaces import get_space
 
     space = get_space(space_name)
+    counts = (("--samples", samples), ("--max-concurrent", max_concurrent), ("--num-cpus", num_cpus))
+    for flag, value in counts:
+        if value is not None and value < 1:
+            raise ConfigError(flag, value, "must be an integer >= 1")
     cfg = make_config(preset, overrides={**space.base_overrides, **(overrides or {})})
     param_space = {**space.param_space(), **(param_space_extra or {})}
     validate_param_space(cfg, param_space)
@@ -229,8 +234,13 @@ def resume_sweep(path: str, *, num_cpus: int | None = None) -> SweepResult:
 
     path = os.path.abspath(path)
     meta_file = os.path.join(path, SWEEP_FILE)
+    if not os.path.isdir(path):
+        raise PathError(f"{path}: no such folder; expected a sweep folder <tune.storage_path>/<name>")
     if not os.path.exists(meta_file):
-        raise ConfigError("PATH", path, f"not a muzero-tune sweep folder (no {SWEEP_FILE})")
+        raise PathError(
+            f"{path}: not a muzero-tune sweep folder (no {SWEEP_FILE}); expected <tune.storage_path>/<name> "
+            f"as printed by `muzero-tune sweep`"
+        )
     with open(meta_file) as f:
         meta = json.load(f)
     cfg = from_flat_dict(meta["config"])

@@ -6,7 +6,8 @@ async trial). Each trial applies its ``param_space`` values to ``cfg`` by dotted
 ``apply_overrides`` as the CLI), resumes from ``tune.get_checkpoint()`` when there is one, and runs the
 same driver code as a standalone run with a :class:`TuneReporter`: every evaluation calls
 ``tune.report`` with the metrics and a checkpoint holding the exact evaluated snapshot plus the full resume
-state, and logs the metrics to the trial's MLflow run.
+state, and logs the metrics to the trial's MLflow run. Reports carry ``timesteps_total`` (= env steps) and
+MLflow metric steps are env steps, so every curve is indexed by env steps.
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ class TuneReporter:
         report = {
             k: v for k, v in metrics.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)
         }
+        # Tune's own loggers (TensorBoard, MLflowLoggerCallback, CSV) take timesteps_total as their x axis
+        report["timesteps_total"] = int(metrics["envstep"])
         if self.driver_out and not self._placement_reported:  # first report of this (re)start
             report.update(actor_placement(self.driver_out[0]))
             self._placement_reported = True
@@ -77,8 +80,8 @@ class TuneReporter:
             self.checkpoint_bytes.append(size)
             report["checkpoint_bytes"] = size
             report["checkpoint_write_s"] = self.checkpoint_write_s[-1]
-            if self.mlflow_run is not None:
-                self.mlflow_run.log_metrics(report, step=int(metrics["eval_index"]))
+            if self.mlflow_run is not None:  # curves share one x axis: env steps
+                self.mlflow_run.log_metrics(report, step=int(metrics["envstep"]))
             tune.report(
                 {k: report.get(k, float("nan")) for k in self.report_keys},
                 checkpoint=tune.Checkpoint.from_directory(d),

@@ -1,0 +1,38 @@
+"""The user-error family: mistakes in what a user asked for, as opposed to bugs in the library.
+
+Every exception here means "the input is wrong": its message names the input (a file, a folder, a config
+key, a command-line option), the value, and what is allowed. The command line prints such an error as one
+line and exits with status 2; any other exception is a bug and keeps its traceback.
+
+This module must stay import-light (no torch, Ray or gymnasium): ``config.py`` and the CLI import it.
+"""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """A bad input; the message is one line saying which input, its value and what is allowed."""
+
+
+class PathError(UserError):
+    """A path a user gave does not exist or is not what the command needs."""
+
+
+class CheckpointError(UserError):
+    """A checkpoint file is damaged (empty, truncated), not a checkpoint, or of another format version."""
+
+    def __init__(self, path: str, problem: str):
+        self.path, self.problem = path, problem
+        super().__init__(f"checkpoint {path}: {problem}")
+
+
+class RunFolderError(UserError):
+    """A run folder cannot be used as asked (it holds another run, or later checkpoints would be lost)."""
+
+
+class ResumeConfigError(UserError):
+    """A setting changed on resume that the checkpointed run cannot continue with (e.g. a model shape)."""
+
+
+class MissingExtraError(UserError):
+    """An optional dependency is not installed; the message says which extra to install."""
