@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from muzero_tune.mcts import MuZeroSearch, TreeArrays, kernels
+from muzero_tune.mcts import MuZeroSearch, kernels, puct
 
 LATENT_SIZE = 64  # width of the dummy latent for run(); only affects the torch gather/copy cost
 
@@ -56,82 +56,50 @@ def _random_network_outputs(
 def time_kernels(
     *, batch_size: int, num_actions: int, num_simulations: int, repeats: int, rng: np.random.Generator
 ) -> tuple[float, float]:
-    """Return (select_us, expand_backup_us) per simulation per tree, timing each kernel call directly."""
-    tree = TreeArrays(num_actions=num_actions, batch_capacity=batch_size, node_capacity=num_simulations + 1)
+    """Return (select_us, expand_backup_us) per simulation per tree, timing each kernel call directly.
+
+    The kernels' argument tuples are built once (the arrays are updated in place), so only the calls are
+    timed; the search's own hooks make the same calls with the same arguments."""
+    search = MuZeroSearch(num_actions=num_actions, num_simulations=num_simulations)
     reward, value, logits = _random_network_outputs(
         rng, batch_size=batch_size, num_actions=num_actions, num_simulations=num_simulations
     )
-    tree.root_logits[:] = rng.normal(size=(batch_size, num_actions))
-    tree.root_legal[:] = True
-    tree.root_noise[:] = rng.standard_gamma(0.3, size=(batch_size, num_actions))
+    search._stage_roots(
+        torch.zeros(batch_size, 1),
+        rng.normal(size=(batch_size, num_actions)),
+        np.ones((batch_size, num_actions), dtype=bool),
+        rng.normal(size=batch_size),
+    )
+    t = search.tree
     pb_c_base, pb_c_init, discount, value_delta_max = 19652.0, 1.25, 0.997, 0.01
+    tree_args = (t.children, t.prior, t.logits, t.kind, t.visit_count, t.value_sum, t.reward, t.raw_value,
+                 t.min_value, t.max_value)  # fmt: skip
+    select_args = (
+        t.children, t.prior, t.kind, t.visit_count, t.value_sum, t.reward, t.min_value, t.max_value,
+        t.root_legal, t.scores, t.path, t.path_len, t.sel_parent, t.sel_action, t.sel_kind, batch_size,
+        num_actions, num_actions, pb_c_base, pb_c_init, discount, value_delta_max, True, False, 0,
+    )  # fmt: skip
+    backup_args = (t.path, t.path_len, t.sel_parent, t.sel_action, t.sel_kind, t.leaf_reward, t.leaf_value,
+                   t.leaf_logits)  # fmt: skip
     select_ns = 0
     backup_ns = 0
     clock = time.perf_counter_ns
-    t = tree  # short alias: the kernels take every array explicitly
     for _ in range(repeats):
+        t.root_noise[:batch_size] = rng.standard_gamma(0.3, size=(batch_size, num_actions))
         kernels.prepare_roots(
-            t.children,
-            t.prior,
-            t.visit_count,
-            t.value_sum,
-            t.reward,
-            t.min_value,
-            t.max_value,
-            t.root_legal,
-            t.root_logits,
-            t.root_noise,
-            batch_size,
-            num_simulations + 1,
-            True,
-            0.25,
-        )
+            *tree_args, t.root_legal, t.root_logits, t.root_noise, t.root_value, batch_size,
+            num_simulations + 1, num_actions, True, 0.25, discount,
+        )  # fmt: skip
         for sim in range(num_simulations):
             # Staging is not kernel work: do it before the timed calls (outputs do not depend on the choice).
-            t.leaf_reward[:] = reward[sim]
-            t.leaf_value[:] = value[sim]
-            t.leaf_logits[:] = logits[sim]
+            t.leaf_reward[:batch_size] = reward[sim]
+            t.leaf_value[:batch_size] = value[sim]
+            t.leaf_logits[:batch_size] = logits[sim]
             t0 = clock()
-            kernels.select_leaves(
-                t.children,
-                t.prior,
-                t.visit_count,
-                t.value_sum,
-                t.reward,
-                t.min_value,
-                t.max_value,
-                t.root_legal,
-                t.scores,
-                t.path,
-                t.path_len,
-                t.sel_parent,
-                t.sel_action,
-                batch_size,
-                pb_c_base,
-                pb_c_init,
-                discount,
-                value_delta_max,
-                True,
-            )
+            puct.select_leaves(*select_args)
             t1 = clock()
             kernels.expand_and_backup(
-                t.children,
-                t.prior,
-                t.visit_count,
-                t.value_sum,
-                t.reward,
-                t.min_value,
-                t.max_value,
-                t.path,
-                t.path_len,
-                t.sel_parent,
-                t.sel_action,
-                t.leaf_reward,
-                t.leaf_value,
-                t.leaf_logits,
-                sim + 1,
-                batch_size,
-                discount,
+                *tree_args, *backup_args, sim + 1, batch_size, num_actions, num_actions, discount, False
             )
             t2 = clock()
             select_ns += t1 - t0
@@ -159,6 +127,7 @@ def time_full_run(
     root_latent = torch.zeros(batch_size, LATENT_SIZE)
     root_logits = rng.normal(size=(batch_size, num_actions)).astype(np.float32)
     legal = np.ones((batch_size, num_actions), dtype=bool)
+    root_value = rng.normal(size=batch_size).astype(np.float32)
     run_rng = np.random.default_rng(0)
 
     def run_once() -> None:
@@ -170,6 +139,7 @@ def time_full_run(
             add_noise=True,
             deterministic=False,
             rng=run_rng,
+            root_value=root_value,
         )
 
     run_once()  # warm-up: buffer allocation
@@ -226,6 +196,7 @@ zero = np.zeros(1, np.float32)
 MuZeroSearch(num_actions=2, num_simulations=2).run(
     root_latent=torch.zeros(1, 1), root_policy_logits=np.zeros((1, 2), np.float32),
     legal_mask=np.ones((1, 2), bool), add_noise=True, deterministic=False, rng=np.random.default_rng(0),
+    root_value=zero,
     recurrent_fn=lambda z, a: (z, zero, zero, np.zeros((1, 2), np.float32)))
 print(time.perf_counter() - t1)
 """

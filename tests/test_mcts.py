@@ -19,8 +19,15 @@ class TabularModel:
     look-ups, so any search that makes the same choices sees the same numbers.
     """
 
-    def __init__(self, *, num_actions: int, seed: int, num_states: int = 509, value_scale: float = 1.0,
-                 zero: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        num_actions: int,
+        seed: int,
+        num_states: int = 509,
+        value_scale: float = 1.0,
+        zero: bool = False,
+    ) -> None:
         g = np.random.default_rng(seed)
         self.num_actions = num_actions
         self.next_state = g.integers(0, num_states, size=(num_states, num_actions))  # [S, A]
@@ -36,6 +43,9 @@ class TabularModel:
 
     def root_logits(self, states: np.ndarray) -> np.ndarray:
         return self.logits[np.asarray(states)]  # [B, A]
+
+    def root_value(self, states: np.ndarray) -> np.ndarray:
+        return self.value[np.asarray(states)]  # [B]
 
     def __call__(self, latent: torch.Tensor, actions: np.ndarray):
         assert actions.dtype == np.int64 and actions.shape == (latent.shape[0],)
@@ -54,21 +64,43 @@ def _legal_masks(rng: np.random.Generator, batch_size: int, num_actions: int) ->
 
 
 def _run_both(model, search, states, legal, *, add_noise, seed, discount, num_simulations):
-    out = search.run(root_latent=model.latent(states), root_policy_logits=model.root_logits(states),
-                     legal_mask=legal, recurrent_fn=model, add_noise=add_noise, deterministic=True,
-                     rng=np.random.default_rng(seed))
-    ref = reference_search(root_latent=model.latent(states), root_policy_logits=model.root_logits(states),
-                           legal_mask=legal, recurrent_fn=model, num_simulations=num_simulations,
-                           add_noise=add_noise, deterministic=True, rng=np.random.default_rng(seed),
-                           discount=discount)
+    out = search.run(
+        root_latent=model.latent(states),
+        root_policy_logits=model.root_logits(states),
+        root_value=model.root_value(states),
+        legal_mask=legal,
+        recurrent_fn=model,
+        add_noise=add_noise,
+        deterministic=True,
+        rng=np.random.default_rng(seed),
+    )
+    ref = reference_search(
+        root_latent=model.latent(states),
+        root_policy_logits=model.root_logits(states),
+        root_value=model.root_value(states),
+        legal_mask=legal,
+        recurrent_fn=model,
+        num_simulations=num_simulations,
+        add_noise=add_noise,
+        deterministic=True,
+        rng=np.random.default_rng(seed),
+        discount=discount,
+    )
     return out, ref
 
 
 def _eval_run(search, model, states, legal, *, seed) -> SearchOutput:
     """Evaluation-mode search: no noise, deterministic tie-break."""
-    return search.run(root_latent=model.latent(states), root_policy_logits=model.root_logits(states),
-                      legal_mask=legal, recurrent_fn=model, add_noise=False, deterministic=True,
-                      rng=np.random.default_rng(seed))
+    return search.run(
+        root_latent=model.latent(states),
+        root_policy_logits=model.root_logits(states),
+        root_value=model.root_value(states),
+        legal_mask=legal,
+        recurrent_fn=model,
+        add_noise=False,
+        deterministic=True,
+        rng=np.random.default_rng(seed),
+    )
 
 
 def _assert_same(out: SearchOutput, ref: SearchOutput) -> None:
@@ -90,16 +122,26 @@ def _assert_same(out: SearchOutput, ref: SearchOutput) -> None:
     ],
 )
 @pytest.mark.parametrize("add_noise", [False, True])
-def test_kernel_search_matches_reference(batch_size, num_actions, num_simulations, discount, value_scale,
-                                         add_noise):
-    model = TabularModel(num_actions=num_actions, seed=100 * batch_size + num_actions,
-                         value_scale=value_scale)
+def test_kernel_search_matches_reference(
+    batch_size, num_actions, num_simulations, discount, value_scale, add_noise
+):
+    model = TabularModel(
+        num_actions=num_actions, seed=100 * batch_size + num_actions, value_scale=value_scale
+    )
     rng = np.random.default_rng(7)
     states = rng.integers(0, 509, size=batch_size)
     legal = _legal_masks(rng, batch_size, num_actions)
     search = MuZeroSearch(num_actions=num_actions, num_simulations=num_simulations, discount=discount)
-    out, ref = _run_both(model, search, states, legal, add_noise=add_noise, seed=11, discount=discount,
-                         num_simulations=num_simulations)
+    out, ref = _run_both(
+        model,
+        search,
+        states,
+        legal,
+        add_noise=add_noise,
+        seed=11,
+        discount=discount,
+        num_simulations=num_simulations,
+    )
     _assert_same(out, ref)
     assert model.calls == 2 * num_simulations  # one batched call per simulation in each search
     assert out.visit_counts.dtype == np.int32 and out.visit_counts.shape == (batch_size, num_actions)
@@ -122,8 +164,16 @@ def test_reused_search_grows_and_still_matches_reference():
     for batch_size in (2, 9, 3, 9):  # grow, then reuse a larger buffer with a smaller batch
         states = rng.integers(0, 509, size=batch_size)
         legal = _legal_masks(rng, batch_size, num_actions)
-        out, ref = _run_both(model, search, states, legal, add_noise=True, seed=batch_size, discount=0.99,
-                             num_simulations=num_simulations)
+        out, ref = _run_both(
+            model,
+            search,
+            states,
+            legal,
+            add_noise=True,
+            seed=batch_size,
+            discount=0.99,
+            num_simulations=num_simulations,
+        )
         _assert_same(out, ref)
     assert search.tree.batch_capacity == 9
     assert search.tree.num_reallocations == 2  # 1 -> 2 trees, then 2 -> 9; never again
@@ -134,8 +184,15 @@ def test_deterministic_tie_break_takes_lowest_index():
     # choice is an exact tie among the least visited: round-robin from the lowest legal index.
     model = TabularModel(num_actions=3, seed=0, zero=True)
     search = MuZeroSearch(num_actions=3, num_simulations=4)
-    kwargs = dict(root_latent=model.latent([0]), root_policy_logits=model.root_logits([0]),
-                  recurrent_fn=model, add_noise=False, deterministic=True, rng=np.random.default_rng(0))
+    kwargs = dict(
+        root_latent=model.latent([0]),
+        root_policy_logits=model.root_logits([0]),
+        root_value=model.root_value([0]),
+        recurrent_fn=model,
+        add_noise=False,
+        deterministic=True,
+        rng=np.random.default_rng(0),
+    )
     out = search.run(legal_mask=np.ones((1, 3), dtype=bool), **kwargs)
     np.testing.assert_array_equal(out.visit_counts, [[2, 1, 1]])
     search5 = MuZeroSearch(num_actions=3, num_simulations=5)
@@ -150,9 +207,16 @@ def test_random_tie_break_is_reproducible_and_random():
 
     def run(seed: int, num_simulations: int) -> np.ndarray:
         search = MuZeroSearch(num_actions=4, num_simulations=num_simulations)
-        return search.run(root_latent=model.latent(states), root_policy_logits=model.root_logits(states),
-                          legal_mask=legal, recurrent_fn=model, add_noise=False, deterministic=False,
-                          rng=np.random.default_rng(seed)).visit_counts
+        return search.run(
+            root_latent=model.latent(states),
+            root_policy_logits=model.root_logits(states),
+            root_value=model.root_value(states),
+            legal_mask=legal,
+            recurrent_fn=model,
+            add_noise=False,
+            deterministic=False,
+            rng=np.random.default_rng(seed),
+        ).visit_counts
 
     np.testing.assert_array_equal(run(5, 9), run(5, 9))  # same Generator seed -> same result
     counts = run(5, 9)
@@ -199,17 +263,25 @@ def test_evaluation_search_is_deterministic():
 
 @pytest.mark.parametrize("deterministic,add_noise", [(True, False), (False, True)])
 def test_root_visits_sum_to_num_simulations(deterministic, add_noise):
-    # Root rule: the root starts at 0 visits, so root visits == children's visits == num_simulations.
+    # Root rule: the initial inference is the root's first visit, so children's visits == num_simulations
+    # and the root has one more.
     num_actions, num_simulations, batch_size = 5, 37, 4
     model = TabularModel(num_actions=num_actions, seed=8)
     search = MuZeroSearch(num_actions=num_actions, num_simulations=num_simulations)
     legal = _legal_masks(np.random.default_rng(3), batch_size, num_actions)
     states = np.arange(batch_size)
-    out = search.run(root_latent=model.latent(states), root_policy_logits=model.root_logits(states),
-                     legal_mask=legal, recurrent_fn=model, add_noise=add_noise, deterministic=deterministic,
-                     rng=np.random.default_rng(0))
+    out = search.run(
+        root_latent=model.latent(states),
+        root_policy_logits=model.root_logits(states),
+        root_value=model.root_value(states),
+        legal_mask=legal,
+        recurrent_fn=model,
+        add_noise=add_noise,
+        deterministic=deterministic,
+        rng=np.random.default_rng(0),
+    )
     np.testing.assert_array_equal(out.visit_counts.sum(axis=1), num_simulations)
-    np.testing.assert_array_equal(search.tree.visit_count[:batch_size, 0], num_simulations)
+    np.testing.assert_array_equal(search.tree.visit_count[:batch_size, 0], num_simulations + 1)
     np.testing.assert_allclose(out.visit_distribution.sum(axis=1), 1.0, rtol=1e-6)
     assert np.all(out.visit_distribution[~legal] == 0.0)
 
@@ -219,13 +291,27 @@ def test_invalid_inputs_are_rejected():
     search = MuZeroSearch(num_actions=3, num_simulations=2)
     legal = np.array([[True, False, False], [False, False, False]])
     with pytest.raises(ValueError, match="legal"):
-        search.run(root_latent=model.latent([0, 1]), root_policy_logits=model.root_logits([0, 1]),
-                   legal_mask=legal, recurrent_fn=model, add_noise=False, deterministic=True,
-                   rng=np.random.default_rng(0))
+        search.run(
+            root_latent=model.latent([0, 1]),
+            root_policy_logits=model.root_logits([0, 1]),
+            root_value=np.zeros(2),
+            legal_mask=legal,
+            recurrent_fn=model,
+            add_noise=False,
+            deterministic=True,
+            rng=np.random.default_rng(0),
+        )
     with pytest.raises(ValueError, match="root_policy_logits"):
-        search.run(root_latent=model.latent([0, 1]), root_policy_logits=np.zeros((2, 4), np.float32),
-                   legal_mask=np.ones((2, 3), bool), recurrent_fn=model, add_noise=False,
-                   deterministic=True, rng=np.random.default_rng(0))
+        search.run(
+            root_latent=model.latent([0, 1]),
+            root_policy_logits=np.zeros((2, 4), np.float32),
+            root_value=np.zeros(2),
+            legal_mask=np.ones((2, 3), bool),
+            recurrent_fn=model,
+            add_noise=False,
+            deterministic=True,
+            rng=np.random.default_rng(0),
+        )
 
 
 def test_select_action_argmax_and_sampling_frequencies():
@@ -237,8 +323,9 @@ def test_select_action_argmax_and_sampling_frequencies():
     num_draws = 40_000
     row = np.array([[1, 3, 0, 6]], dtype=np.int32)
     for temperature in (1.0, 0.5, 2.0):
-        actions = select_action(np.repeat(row, num_draws, axis=0), temperature=temperature, rng=rng,
-                                deterministic=False)
+        actions = select_action(
+            np.repeat(row, num_draws, axis=0), temperature=temperature, rng=rng, deterministic=False
+        )
         assert actions.dtype == np.int64 and actions.shape == (num_draws,)
         freq = np.bincount(actions, minlength=4) / num_draws
         expected = row[0] ** (1.0 / temperature)

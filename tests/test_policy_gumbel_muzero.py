@@ -1,6 +1,7 @@
 """Gumbel MuZero: the kernel search against the plain-Python reference and against hand-computed values
-(Gumbel-top-k, sequential-halving phases, completed Q, improved policy, selected action), the improved
-policy as the buffer's policy target, and short sync / async / Tune runs of the policy type."""
+(Gumbel-top-k, the sequential-halving visit schedule, per-node completed Q, improved policy, selected action),
+the improved policy as the buffer's policy target, and short sync / async / Tune runs of the policy type.
+tests/test_gumbel_vs_mctx.py checks the same search against mctx."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import pytest
 import torch
 
 from muzero_tune.config import make_config
-from muzero_tune.mcts.gumbel import GumbelMuZeroSearch, reference_gumbel_search
+from muzero_tune.mcts.gumbel import GumbelMuZeroSearch
+from muzero_tune.mcts.gumbel_kernels import considered_visit_table
+from muzero_tune.mcts.reference import reference_gumbel_search
 from muzero_tune.pipeline.checkpoint import latest_checkpoint, load_policy
 from muzero_tune.pipeline.core import make_policy
 from muzero_tune.replay.buffer import ReplayBuffer
@@ -20,12 +23,26 @@ from muzero_tune.replay.segment import GameSegment
 
 PRESET = "cartpole_gumbel_muzero"
 SMALL = {
-    "model.hidden_dim": 32, "model.latent_dim": 16, "mcts.num_simulations": 6, "learn.batch_size": 32,
-    "env.collector_env_num": 4, "env.evaluator_env_num": 2, "eval.n_episodes": 2, "eval.eval_freq": 20,
-    "replay.game_segment_length": 20, "max_env_step": 400, "stop_value": None, "logging.quiet": True,
+    "model.hidden_dim": 32,
+    "model.latent_dim": 16,
+    "mcts.num_simulations": 6,
+    "learn.batch_size": 32,
+    "env.collector_env_num": 4,
+    "env.evaluator_env_num": 2,
+    "eval.n_episodes": 2,
+    "eval.eval_freq": 20,
+    "replay.game_segment_length": 20,
+    "max_env_step": 400,
+    "stop_value": None,
+    "logging.quiet": True,
 }
 EXTRAS = (
-    "improved_policy", "selected_action", "completed_q", "considered", "survivors", "root_actions", "phases",
+    "improved_policy",
+    "selected_action",
+    "completed_q",
+    "considered",
+    "survivors",
+    "root_actions",
 )
 
 
@@ -53,19 +70,39 @@ class Tabular:
 
 
 def _both(model, states, legal, *, sims, considered, add_noise, seed, **knobs):
-    args = dict(root_latent=model.latent(states), root_policy_logits=model.logits[states], legal_mask=legal,
-                recurrent_fn=model, add_noise=add_noise, root_value=model.value[states])
-    search = GumbelMuZeroSearch(num_actions=legal.shape[1], num_simulations=sims,
-                                max_num_considered_actions=considered, **knobs)
-    out = search.run(**args, rng=np.random.default_rng(seed))
-    ref = reference_gumbel_search(**args, rng=np.random.default_rng(seed), num_simulations=sims,
-                                  max_num_considered_actions=considered, **knobs)
+    args = dict(
+        root_latent=model.latent(states),
+        root_policy_logits=model.logits[states],
+        legal_mask=legal,
+        recurrent_fn=model,
+        add_noise=add_noise,
+        root_value=model.value[states],
+    )
+    search = GumbelMuZeroSearch(
+        num_actions=legal.shape[1], num_simulations=sims, max_num_considered_actions=considered, **knobs
+    )
+    out = search.run(**args, deterministic=True, rng=np.random.default_rng(seed))
+    ref = reference_gumbel_search(
+        **args,
+        rng=np.random.default_rng(seed),
+        num_simulations=sims,
+        max_num_considered_actions=considered,
+        **knobs,
+    )
     return out, ref
 
 
-@pytest.mark.parametrize("num_actions,batch,sims,considered", [
-    (2, 3, 8, 16), (4, 4, 7, 3), (6, 4, 20, 4), (18, 3, 50, 16), (5, 2, 3, 5), (3, 2, 10, 1),
-])
+@pytest.mark.parametrize(
+    "num_actions,batch,sims,considered",
+    [
+        (2, 3, 8, 16),
+        (4, 4, 7, 3),
+        (6, 4, 20, 4),
+        (18, 3, 50, 16),
+        (5, 2, 3, 5),
+        (3, 2, 10, 1),
+    ],
+)
 def test_kernels_match_reference(num_actions, batch, sims, considered):
     rng = np.random.default_rng(num_actions * 100 + sims)
     model = Tabular(num_actions=num_actions, seed=num_actions)
@@ -74,8 +111,19 @@ def test_kernels_match_reference(num_actions, batch, sims, considered):
     legal[np.arange(batch), rng.integers(0, num_actions, size=batch)] = True
     legal[0] = True
     for add_noise in (True, False):
-        out, ref = _both(model, states, legal, sims=sims, considered=considered, add_noise=add_noise,
-                         seed=sims, gumbel_scale=1.0, c_visit=50.0, c_scale=0.1, discount=0.99)
+        out, ref = _both(
+            model,
+            states,
+            legal,
+            sims=sims,
+            considered=considered,
+            add_noise=add_noise,
+            seed=sims,
+            gumbel_scale=1.0,
+            c_visit=50.0,
+            c_scale=0.1,
+            discount=0.99,
+        )
         np.testing.assert_array_equal(out.visit_counts, ref.visit_counts)
         np.testing.assert_array_equal(out.root_value, ref.root_value)
         np.testing.assert_array_equal(out.root_prior, ref.root_prior)
@@ -84,14 +132,31 @@ def test_kernels_match_reference(num_actions, batch, sims, considered):
         assert (out.visit_counts.sum(1) == sims).all()
         assert (out.visit_counts[~out.extras["considered"]] == 0).all() and not out.visit_counts[~legal].any()
         assert out.extras["survivors"][np.arange(batch), out.extras["selected_action"]].all()
+        # the executed action was always visited, and is one of the most-visited ones
+        chosen = out.visit_counts[np.arange(batch), out.extras["selected_action"]]
+        assert (chosen > 0).all() and (chosen == out.visit_counts.max(1)).all()
         np.testing.assert_allclose(out.extras["improved_policy"].sum(1), 1.0, rtol=1e-6)
         assert (out.extras["improved_policy"][~legal] == 0).all()
-        # survivors of each phase visit counts: every survivor of a completed phase was visited in it
+        # every simulation visited an action whose count was the schedule's at that simulation
+        table = considered_visit_table(min(considered, num_actions), sims)
+        k = out.extras["considered"].sum(1)
         for b in range(batch):
-            history = ref.extras["phase_survivors"][b]
-            for p, alive in enumerate(history):
-                in_phase = set(out.extras["root_actions"][b][out.extras["phases"][b] == p].tolist())
-                assert in_phase <= set(alive)
+            seen = np.zeros(num_actions, int)
+            for sim, a in enumerate(out.extras["root_actions"][b]):
+                assert seen[a] == table[k[b], sim]
+                seen[a] += 1
+
+
+def test_visit_schedule_is_sequential_halving():
+    # k = 4, S = 16: P = 2 phases; 4 survivors x max(1, 16 // 8) = 2 visits, then 2 x (16 // 4) = 4 visits
+    np.testing.assert_array_equal(
+        considered_visit_table(4, 16)[4], [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5]
+    )
+    # k = 3, S = 7: P = 2; 3 x max(1, 7 // 6) = 1; 2 x max(1, 7 // 4) = 1; then 2 survivors again
+    np.testing.assert_array_equal(considered_visit_table(3, 7)[3], [0, 0, 0, 1, 1, 2, 2])
+    # k = 1: every simulation to the one action; fewer simulations than k: one round, cut short
+    np.testing.assert_array_equal(considered_visit_table(4, 5)[1], [0, 1, 2, 3, 4])
+    np.testing.assert_array_equal(considered_visit_table(8, 5)[8], [0, 0, 0, 0, 0])
 
 
 class RootRewardModel:
@@ -113,58 +178,127 @@ class RootRewardModel:
 
 
 def test_hand_computed_gumbel_search():
+    """One tree, 5 actions (action 4 illegal), k = 3 considered, S = 7, values 0, rewards only at the root:
+    a visited root child's Q is exactly r[a]. Each step below is the paper's rule written out with numpy."""
     a_n, sims, k, c_visit, c_scale, gamma = 5, 7, 3, 50.0, 0.1, 0.9
     logits = np.array([[0.5, 0.2, 0.0, -0.3, 0.1]], np.float32)
     legal = np.array([[True, True, True, True, False]])
     r = np.array([0.1, 0.9, 0.5, 0.3, 0.7], np.float32)
     model = RootRewardModel(r, a_n)
-    search = GumbelMuZeroSearch(num_actions=a_n, num_simulations=sims, max_num_considered_actions=k,
-                                c_visit=c_visit, c_scale=c_scale, discount=gamma)
-    out = search.run(root_latent=torch.zeros(1, 2), root_policy_logits=logits, legal_mask=legal,
-                     recurrent_fn=model, add_noise=True, rng=np.random.default_rng(3), root_value=np.zeros(1))
-    ref = reference_gumbel_search(root_latent=torch.zeros(1, 2), root_policy_logits=logits, legal_mask=legal,
-                                  recurrent_fn=model, num_simulations=sims, add_noise=True,
-                                  rng=np.random.default_rng(3), root_value=np.zeros(1),
-                                  max_num_considered_actions=k, c_visit=c_visit, c_scale=c_scale,
-                                  discount=gamma)
+    search = GumbelMuZeroSearch(
+        num_actions=a_n,
+        num_simulations=sims,
+        max_num_considered_actions=k,
+        c_visit=c_visit,
+        c_scale=c_scale,
+        discount=gamma,
+        value_delta_max=1e-8,
+    )
+    out = search.run(
+        root_latent=torch.zeros(1, 2),
+        root_policy_logits=logits,
+        legal_mask=legal,
+        recurrent_fn=model,
+        add_noise=True,
+        deterministic=True,
+        rng=np.random.default_rng(3),
+        root_value=np.zeros(1),
+    )
+    ref = reference_gumbel_search(
+        root_latent=torch.zeros(1, 2),
+        root_policy_logits=logits,
+        legal_mask=legal,
+        recurrent_fn=model,
+        num_simulations=sims,
+        add_noise=True,
+        rng=np.random.default_rng(3),
+        root_value=np.zeros(1),
+        max_num_considered_actions=k,
+        c_visit=c_visit,
+        c_scale=c_scale,
+        discount=gamma,
+        value_delta_max=1e-8,
+    )
     # Gumbel-top-k with the same Generator
     g = np.random.default_rng(3).gumbel(size=(1, a_n))[0]
     gl = np.where(legal[0], g + logits[0].astype(np.float64), -np.inf)
     considered = sorted(np.argsort(-gl, kind="stable")[:k].tolist())
     assert np.flatnonzero(out.extras["considered"][0]).tolist() == considered
-    # schedule: P = ceil(log2 3) = 2; phase 0: 3 x max(1, 7 // 6) = 1 visit; phase 1: 2 x (7 // 4) = 1;
-    # phase 2 (2 survivors again): 2 x 1 -> 3 + 2 + 2 = 7 simulations
-    assert out.extras["phases"][0].tolist() == [0, 0, 0, 1, 1, 2, 2]
-    # after phase 0 every considered action has Q = r[a]; min-max = [0, max r]; sigma = (50 + 1) * 0.1 * q_hat
-    lo, hi = 0.0, float(max(r[considered]))
-    score = {a: gl[a] + (c_visit + 1) * c_scale * (float(r[a]) - lo) / (hi - lo) for a in considered}
-    survivors = sorted(sorted(considered, key=lambda a: (-score[a], a))[:2])
-    assert ref.extras["phase_survivors"][0] == [considered, survivors, survivors]
-    assert np.flatnonzero(out.extras["survivors"][0]).tolist() == survivors
-    expect_visits = np.zeros(a_n, int)
-    expect_visits[considered] = 1
-    expect_visits[survivors] = 3
-    np.testing.assert_array_equal(out.visit_counts[0], expect_visits)
-    # completed Q: visited r[a]; unvisited legal -> mixed value (v_hat = 0, pi = softmax of legal logits)
     pi = np.where(legal[0], np.exp(logits[0] - logits[0][legal[0]].max()), 0.0)
     pi /= pi.sum()
-    visited = expect_visits > 0
-    v_mix = (0.0 + sims / pi[visited].sum() * (pi[visited] * r[visited]).sum()) / (1 + sims)
-    cq = np.where(visited, r, np.where(legal[0], v_mix, 0.0))
-    np.testing.assert_allclose(out.extras["completed_q"][0], cq, rtol=1e-6, atol=1e-7)
-    sigma = (c_visit + 3) * c_scale * np.clip((cq - lo) / (hi - lo), 0, 1)
+
+    def sigma_of(visits):
+        """Completed Q of the root (visited: r[a]; unvisited: the mixed value with v_hat = 0), rescaled over
+        the node's own completed Q values (the illegal action's imputed value included, as mctx)."""
+        seen = visits > 0
+        n = visits.sum()
+        v_mix = 0.0 if n == 0 else (0.0 + n / pi[seen].sum() * (pi[seen] * r[seen]).sum()) / (1 + n)
+        cq = np.where(seen, r, v_mix).astype(np.float64)
+        lo, hi = cq.min(), cq.max()
+        return cq, (c_visit + visits.max()) * c_scale * (cq - lo) / max(hi - lo, 1e-8)
+
+    # schedule [0, 0, 0, 1, 1, 2, 2]: simulations 0-2 visit the considered actions once each; 3 and 4 the best
+    # two of them by g + logits + sigma (sigma recomputed after each visit); 5 and 6 those two again.
+    visits = np.zeros(a_n, int)
+    visits[considered] = 1
+    first = max(considered, key=lambda a: (gl[a] + sigma_of(visits)[1][a], -a))
+    visits[first] += 1
+    second = max(
+        (a for a in considered if visits[a] == 1), key=lambda a: (gl[a] + sigma_of(visits)[1][a], -a)
+    )
+    visits[second] += 1
+    assert out.extras["root_actions"][0, 3:5].tolist() == [first, second]
+    assert sorted(out.extras["root_actions"][0, 5:].tolist()) == sorted(
+        [first, second]
+    )  # 2 visits each, once more
+    visits[[first, second]] += 1
+    np.testing.assert_array_equal(out.visit_counts[0], visits)
+    cq, sigma = sigma_of(visits)
+    np.testing.assert_allclose(
+        out.extras["completed_q"][0], np.where(legal[0], cq, 0.0), rtol=1e-6, atol=1e-7
+    )
     z = np.where(legal[0], logits[0] + sigma, -np.inf)
     improved = np.exp(z - z.max()) / np.exp(z - z.max()).sum()
     np.testing.assert_allclose(out.extras["improved_policy"][0], improved, rtol=1e-5, atol=1e-7)
-    winner = max(survivors, key=lambda a: (gl[a] + sigma[a], -a))
-    assert out.extras["selected_action"][0] == winner
+    most = [a for a in range(a_n) if legal[0, a] and visits[a] == visits.max()]
+    assert np.flatnonzero(out.extras["survivors"][0]).tolist() == sorted([first, second]) == most
+    assert out.extras["selected_action"][0] == max(most, key=lambda a: (gl[a] + sigma[a], -a))
     np.testing.assert_array_equal(out.visit_counts, ref.visit_counts)
     for name in EXTRAS:
         np.testing.assert_array_equal(out.extras[name], ref.extras[name], err_msg=name)
     # evaluation (no noise): considered = top-k logits, deterministic
-    ev = search.run(root_latent=torch.zeros(1, 2), root_policy_logits=logits, legal_mask=legal,
-                    recurrent_fn=model, add_noise=False, rng=np.random.default_rng(0), root_value=np.zeros(1))
+    ev = search.run(
+        root_latent=torch.zeros(1, 2),
+        root_policy_logits=logits,
+        legal_mask=legal,
+        recurrent_fn=model,
+        add_noise=False,
+        deterministic=True,
+        rng=np.random.default_rng(0),
+        root_value=np.zeros(1),
+    )
     assert np.flatnonzero(ev.extras["considered"][0]).tolist() == [0, 1, 2]
+
+
+def test_fewer_simulations_than_considered_never_executes_an_unvisited_action():
+    """k = 4 considered, S = 2: only two actions get a visit; the executed action is one of them even when an
+    unvisited action has the larger g + logits + sigma (its completed Q, the mixed value, can be the best)."""
+    logits = np.array([[0.0, 0.0, 1.0, 0.9]], np.float32)  # actions 2, 3 considered first
+    r = np.array([-1.0, -1.0, -5.0, -5.0], np.float32)  # ...but their Q is bad
+    model = RootRewardModel(r, 4)
+    search = GumbelMuZeroSearch(num_actions=4, num_simulations=2, max_num_considered_actions=4, discount=0.9)
+    out = search.run(
+        root_latent=torch.zeros(1, 2),
+        root_policy_logits=logits,
+        legal_mask=np.ones((1, 4), bool),
+        recurrent_fn=model,
+        add_noise=False,
+        deterministic=True,
+        rng=np.random.default_rng(0),
+        root_value=np.zeros(1),
+    )
+    np.testing.assert_array_equal(out.visit_counts[0], [0, 0, 1, 1])
+    assert out.extras["selected_action"][0] in (2, 3)
 
 
 # ---------------------------------------------------------------------------------------------- targets
@@ -177,10 +311,19 @@ def _segment(m: int, num_real: int, *, terminal: bool, salt: float) -> GameSegme
     visits = np.stack([p, 1 - p], 1).astype(np.float32)
     improved = np.stack([1 - p / 2, p / 2], 1).astype(np.float32)
     return GameSegment(
-        frames=frames, actions=(np.arange(m) % a).astype(np.int64), rewards=np.ones(m, np.float32),
-        stats={"child_visits": visits, "root_value": np.zeros(m, np.float32),
-               "legal_mask": np.ones((m, a), bool), "improved_policy": improved},
-        num_real=num_real, frame_stack=1, done=terminal, terminal_at_end=terminal,
+        frames=frames,
+        actions=(np.arange(m) % a).astype(np.int64),
+        rewards=np.ones(m, np.float32),
+        stats={
+            "child_visits": visits,
+            "root_value": np.zeros(m, np.float32),
+            "legal_mask": np.ones((m, a), bool),
+            "improved_policy": improved,
+        },
+        num_real=num_real,
+        frame_stack=1,
+        done=terminal,
+        terminal_at_end=terminal,
     )
 
 
@@ -228,8 +371,9 @@ def _check_snapshot(run_dir: str) -> None:
     cfg, policy, model, _ = load_policy(path)
     assert cfg.policy.type == "gumbel_muzero" and type(policy).__name__ == "GumbelMuZeroPolicy"
     obs = np.zeros((3, 4), np.float32)
-    act = policy.act(model, obs, np.ones((3, 2), bool), explore=False, temperature=0.0,
-                     rng=np.random.default_rng(0))
+    act = policy.act(
+        model, obs, np.ones((3, 2), bool), explore=False, temperature=0.0, rng=np.random.default_rng(0)
+    )
     assert act.actions.shape == (3,) and set(act.step_stats) >= {"improved_policy", "child_visits"}
     np.testing.assert_allclose(act.step_stats["improved_policy"].sum(1), 1.0, rtol=1e-5)
 
@@ -245,8 +389,9 @@ def test_short_sync_run(tmp_path):
 
 
 def test_short_async_run(run_async, tmp_path):
-    run = run_async(tmp_path, {"policy.type": "gumbel_muzero", "mcts.num_simulations": 6}, exp_name="ga",
-                    standalone=True)
+    run = run_async(
+        tmp_path, {"policy.type": "gumbel_muzero", "mcts.num_simulations": 6}, exp_name="ga", standalone=True
+    )
     assert run.summary.train_iter > 0 and run.summary.env_steps >= 400
     _check_snapshot(run.run_dir)
 
@@ -257,8 +402,11 @@ def test_one_trial_tune_run(ray_cluster, tmp_path):
     from muzero_tune.tune.trainable import CHECKPOINT_FILE, make_trainable
 
     cfg = make_config(PRESET, overrides={**SMALL, "tune.storage_path": str(tmp_path)})
-    tuner = tune.Tuner(make_trainable(cfg, sweep_name="t", mlflow_uri=None), param_space={},
-                       run_config=tune.RunConfig(storage_path=str(tmp_path)))
+    tuner = tune.Tuner(
+        make_trainable(cfg, sweep_name="t", mlflow_uri=None),
+        param_space={},
+        run_config=tune.RunConfig(storage_path=str(tmp_path)),
+    )
     results = tuner.fit()
     assert results.num_errors == 0 and len(results) == 1
     result = results[0]

@@ -182,6 +182,8 @@ def test_packed_search_matches_the_reference_with_an_unpacking_recurrent_fn():
         legal_mask=np.ones((3, 2), bool), recurrent_fn=recurrent_fn, num_simulations=24, add_noise=False,
         deterministic=True, rng=np.random.default_rng(0), pb_c_base=m.pb_c_base, pb_c_init=m.pb_c_init,
         discount=m.discount, value_delta_max=m.value_delta_max,
+        root_value=logits_to_scalar_np(base.predict(cond(root[:, :16], root[:, 16:]))[0].numpy(),
+                                       support_size=base.value_support_size),
     )
     np.testing.assert_array_equal(out.step_stats["child_visits"], ref.visit_distribution)
     np.testing.assert_allclose(out.root_value, ref.root_value, rtol=1e-5, atol=1e-5)

@@ -5,7 +5,6 @@ short sync / async / Tune runs that write loadable evaluated snapshots.
 
 from __future__ import annotations
 
-import math
 import os
 
 import numpy as np
@@ -15,6 +14,7 @@ import torch
 from muzero_tune.config import make_config
 from muzero_tune.envs.factory import env_spec, make_env, validate_env_id
 from muzero_tune.envs.stochastic import STOCHASTIC_CARTPOLE_ID
+from muzero_tune.mcts.reference import reference_stochastic_search
 from muzero_tune.mcts.stochastic import StochasticMuZeroSearch
 from muzero_tune.models.muzero_net import InitialOutput
 from muzero_tune.models.support import scalar_to_target
@@ -33,147 +33,6 @@ SMALL = {
     "policy.chance_space_size": 4,
 }
 DECISION, CHANCE = 0, 1
-
-
-# ---------------------------------------------------------------------------------------------- reference
-
-
-class _Node:
-    def __init__(self, kind: int, reward: float, priors: list[float], latent: torch.Tensor):
-        self.kind, self.reward, self.priors, self.latent = kind, reward, priors, latent
-        self.children: list[_Node | None] = [None] * len(priors)
-        self.visit_count = 0
-        self.value_sum = 0.0
-
-    def q(self, discount: float) -> float:
-        d = discount if self.kind == DECISION else 1.0
-        return self.reward + d * (self.value_sum / self.visit_count)
-
-
-def _softmax(logits, legal=None) -> list[float]:
-    legal = legal if legal is not None else [True] * len(logits)
-    m = -math.inf
-    for x, ok in zip(logits, legal):
-        if ok and x > m:
-            m = x
-    exps = [math.exp(x - m) if ok else 0.0 for x, ok in zip(logits, legal)]
-    total = 0.0
-    for e, ok in zip(exps, legal):
-        if ok:
-            total += e
-    return [e / total if ok else 0.0 for e, ok in zip(exps, legal)]
-
-
-def reference_stochastic_search(*, root_latent, root_policy_logits, legal_mask, recurrent_fn, afterstate_fn,
-                                num_simulations, add_noise, deterministic, rng, chance_selection="sample",
-                                pb_c_base=19652.0, pb_c_init=1.25, discount=0.997, dirichlet_alpha=0.3,
-                                noise_weight=0.25, value_delta_max=0.01):
-    """Object-per-node chance-node search with the rules of ``stochastic_kernels`` (module docstring), one
-    float at a time. Randomness: the same ``rng`` calls as the kernel search, then a legacy
-    ``RandomState(seed)``, whose streams equal numba's after ``np.random.seed(seed)``."""
-    bsz, num_actions = np.shape(root_policy_logits)
-    noise = rng.standard_gamma(dirichlet_alpha, size=(bsz, num_actions)) if add_noise else None
-    rs = np.random.RandomState(int(rng.integers(0, 2**31 - 1)))
-    roots, bounds = [], []
-    for b in range(bsz):
-        legal = [bool(x) for x in legal_mask[b]]
-        priors = _softmax([float(x) for x in root_policy_logits[b]], legal)
-        if noise is not None:
-            tot = 0.0
-            for a in range(num_actions):
-                if legal[a]:
-                    tot += float(noise[b, a])
-            for a in range(num_actions):
-                if legal[a]:
-                    priors[a] = (1.0 - noise_weight) * priors[a] + noise_weight * float(noise[b, a]) / tot
-        roots.append(_Node(DECISION, 0.0, priors, root_latent[b]))
-        bounds.append([math.inf, -math.inf])
-
-    def norm(q, lo, hi):
-        if hi > lo:
-            return min(max((q - lo) / max(hi - lo, value_delta_max), 0.0), 1.0)
-        return q
-
-    calls = 0
-    for _ in range(num_simulations):
-        paths, edges = [], []
-        for b in range(bsz):
-            node, path = roots[b], [roots[b]]
-            lo, hi = bounds[b]
-            while True:
-                if node.kind == CHANCE:
-                    if chance_selection == "sample":
-                        u, cum, edge, last = rs.random_sample(), 0.0, -1, -1
-                        for c, p in enumerate(node.priors):
-                            if p > 0.0:
-                                cum += p
-                                last = c
-                                if u < cum:
-                                    edge = c
-                                    break
-                        edge = edge if edge >= 0 else last
-                    else:
-                        scores = [p / (1.0 + (0 if ch is None else ch.visit_count))
-                                  for p, ch in zip(node.priors, node.children)]
-                        edge = scores.index(max(scores))
-                else:
-                    n = node.visit_count
-                    pb_c = pb_c_init + math.log((n + pb_c_base + 1.0) / pb_c_base)
-                    scores = []
-                    for a in range(num_actions):
-                        if node is roots[b] and not legal_mask[b, a]:
-                            scores.append(-math.inf)
-                            continue
-                        ch = node.children[a]
-                        nc, qn = (0, 0.0) if ch is None else (ch.visit_count, norm(ch.q(discount), lo, hi))
-                        scores.append(qn + node.priors[a] * math.sqrt(n) / (1.0 + nc) * pb_c)
-                    best = max(scores)
-                    tied = [a for a, s in enumerate(scores) if s >= best - 1e-9]
-                    if deterministic or len(tied) == 1:
-                        edge = scores.index(best)
-                    else:
-                        edge = tied[rs.randint(0, len(tied))]
-                child = node.children[edge]
-                if child is None:
-                    break
-                node = child
-                path.append(node)
-            paths.append(path)
-            edges.append(edge)
-        outs: dict[int, tuple] = {}
-        for kind in (DECISION, CHANCE):
-            rows = [b for b in range(bsz) if paths[b][-1].kind == kind]
-            if not rows:
-                continue
-            lat = torch.stack([paths[b][-1].latent for b in rows])
-            e = np.array([edges[b] for b in rows], dtype=np.int64)
-            calls += 1
-            if kind == DECISION:
-                nxt, value, logits = afterstate_fn(lat, e)
-                reward = np.zeros(len(rows))
-            else:
-                nxt, reward, value, logits = recurrent_fn(lat, e)
-            for j, b in enumerate(rows):
-                outs[b] = (nxt[j], float(reward[j]), float(value[j]), [float(x) for x in logits[j]])
-        for b in range(bsz):
-            path = paths[b]
-            nxt, reward, value, logits = outs[b]
-            leaf = _Node(1 - path[-1].kind, reward, _softmax(logits), nxt.clone())
-            path[-1].children[edges[b]] = leaf
-            path.append(leaf)
-            g = value
-            for depth in range(len(path) - 1, -1, -1):
-                node = path[depth]
-                node.value_sum += g
-                node.visit_count += 1
-                d = discount if node.kind == DECISION else 1.0
-                if depth > 0:
-                    q = node.reward + d * (node.value_sum / node.visit_count)
-                    bounds[b][0] = min(bounds[b][0], q)
-                    bounds[b][1] = max(bounds[b][1], q)
-                g = node.reward + d * g
-    visits = np.array([[0 if c is None else c.visit_count for c in r.children] for r in roots], np.int32)
-    return visits, np.array([r.value_sum / r.visit_count for r in roots]), roots, calls
 
 
 class TabularStochasticModel:
@@ -237,7 +96,7 @@ def test_kernel_search_matches_reference(chance_selection, bsz, num_actions, num
     search = StochasticMuZeroSearch(num_actions=num_actions, num_chances=num_chances, num_simulations=sims,
                                     discount=discount, chance_selection=chance_selection)
     kw = dict(root_latent=model.latent(states), root_policy_logits=model.logits[states], legal_mask=legal,
-              recurrent_fn=model.recurrent_fn, afterstate_fn=model.afterstate_fn, add_noise=add_noise,
+              root_value=model.value[states], recurrent_fn=model.recurrent_fn, afterstate_fn=model.afterstate_fn, add_noise=add_noise,
               deterministic=deterministic)
     out = search.run(**kw, rng=np.random.default_rng(11))
     kernel_calls = dict(model.calls)
@@ -278,7 +137,7 @@ def test_chance_outcomes_follow_the_chance_prior():
     states = np.arange(bsz)
     for _ in range(runs):
         search.run(root_latent=model.latent(states), root_policy_logits=model.logits[states],
-                   legal_mask=np.ones((bsz, 1), bool), recurrent_fn=model.recurrent_fn,
+                   root_value=model.value[states], legal_mask=np.ones((bsz, 1), bool), recurrent_fn=model.recurrent_fn,
                    afterstate_fn=model.afterstate_fn, add_noise=False, deterministic=True, rng=rng)
         tree = search.tree
         assert (tree.kind[:bsz, 1] == CHANCE).all()
@@ -293,7 +152,7 @@ def test_chance_outcomes_follow_the_chance_prior():
     pw = StochasticMuZeroSearch(num_actions=1, num_chances=4, num_simulations=sims,
                                 chance_selection="prior_weighted")
     pw.run(root_latent=model.latent(states), root_policy_logits=model.logits[states],
-           legal_mask=np.ones((bsz, 1), bool), recurrent_fn=model.recurrent_fn,
+           root_value=model.value[states], legal_mask=np.ones((bsz, 1), bool), recurrent_fn=model.recurrent_fn,
            afterstate_fn=model.afterstate_fn, add_noise=False, deterministic=True, rng=rng)
     kids = pw.tree.children[:bsz, 1, :4]
     n = np.take_along_axis(pw.tree.visit_count[:bsz], kids, 1)

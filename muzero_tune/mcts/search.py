@@ -1,15 +1,17 @@
-"""Batched tree search front-end: the ``Search`` interface, its MuZero implementation and action selection.
+"""Batched tree search front-end: the ``Search`` interface, the shared batched loop, MuZero's search, actions.
 
 What this module owns
-    The per-search driver loop (one select kernel call, one batched ``recurrent_fn`` call and one
-    expand+backup kernel call per simulation), latent storage, input validation, randomness plumbing from the
-    caller's ``np.random.Generator``, and packaging results as :class:`SearchOutput`.
+    :class:`Search` (the plug-in interface callers see), :class:`TreeSearch` (the one driver loop every tree
+    search specialises: stage and check the roots, prepare them, then per simulation one select kernel call,
+    one batched ``recurrent_fn`` call and one expand+backup kernel call, then the root read-out),
+    :class:`MuZeroSearch`, latent storage, randomness plumbing from the caller's ``np.random.Generator``,
+    and packaging results as :class:`SearchOutput`.
 
 What it must never do
-    Hold tree arithmetic (that lives in :mod:`muzero_tune.mcts.kernels`, whose exact rules are written out
-    in :mod:`muzero_tune.mcts.reference`), build autograd graphs (searches run under ``torch.no_grad()``),
-    decode network outputs (``recurrent_fn`` returns already-decoded scalars), or return views into its
-    reusable buffers (the next search overwrites them).
+    Hold tree arithmetic (that lives in :mod:`muzero_tune.mcts.kernels` and the variant rule modules, whose
+    rules are written out in :mod:`muzero_tune.mcts.reference`), build autograd graphs (searches run under
+    ``torch.no_grad()``), decode network outputs (``recurrent_fn`` returns already-decoded scalars), or
+    return views into its reusable buffers (the next search overwrites them).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from muzero_tune.mcts import kernels
+from muzero_tune.mcts import kernels, puct
 from muzero_tune.mcts.tree import TreeArrays
 
 RecurrentFn = Callable[[torch.Tensor, np.ndarray], tuple[torch.Tensor, np.ndarray, np.ndarray, np.ndarray]]
@@ -111,8 +113,8 @@ class Search(abc.ABC):
 
         Args:
             root_latent: [B, *latent_shape] representation of each root (any dtype/device).
-            root_value: [B] the network's value of each root, for variants that need it (Gumbel's mixed
-                value); MuZero's search does not use it.
+            root_value: [B] the network's value of each root: the root's counted first visit (every tree
+                search requires it) and Gumbel's v_hat.
             root_policy_logits: [B, A] policy logits of the roots.
             legal_mask: [B, A] bool, at least one True per row; applied at the root only.
             recurrent_fn: see :data:`RecurrentFn`.
@@ -157,14 +159,186 @@ class LatentStore:
         return self.buf, self.batch_index[:batch_size]
 
 
-class MuZeroSearch(Search):
+class TreeSearch(Search):
+    """The batched loop every tree search shares; a variant supplies its selection rule and read-out.
+
+    :meth:`run`: stage and check the roots, prepare them (:meth:`_prepare`), then per simulation select one
+    unexpanded edge per tree (:meth:`_select`), expand all of them with one batched network call
+    (:meth:`_expand`) and back the new values up (:meth:`_backup`, the shared core's), and finally read the
+    root out (:meth:`_outputs`). Variants override the hooks, never the loop. ``chance_edges`` (class
+    attribute) switches the core's chance-edge rule on for trees with chance nodes.
+    """
+
+    chance_edges = False
+
+    def __init__(
+        self,
+        *,
+        num_actions: int,
+        num_simulations: int,
+        discount: float,
+        value_delta_max: float,
+        tree: TreeArrays | None = None,
+    ) -> None:
+        if num_actions < 1:
+            raise ValueError(f"num_actions must be >= 1, got {num_actions}")
+        if num_simulations < 1:
+            raise ValueError(f"num_simulations must be >= 1, got {num_simulations}")
+        if value_delta_max < 0.0:
+            raise ValueError(f"value_delta_max must be >= 0, got {value_delta_max}")
+        self._num_actions = int(num_actions)
+        self._num_simulations = int(num_simulations)
+        self.discount = float(discount)
+        self.value_delta_max = float(value_delta_max)
+        self._tree = TreeArrays(num_actions=self._num_actions) if tree is None else tree
+        self._store = LatentStore()
+
+    @property
+    def num_actions(self) -> int:
+        return self._num_actions
+
+    @property
+    def num_simulations(self) -> int:
+        return self._num_simulations
+
+    @property
+    def num_chances(self) -> int:
+        """Edge count of chance nodes (equal to ``num_actions`` where there are none)."""
+        return self._num_actions
+
+    @property
+    def tree(self) -> TreeArrays:
+        """The reusable tree storage (contents are only meaningful right after :meth:`run`)."""
+        return self._tree
+
+    def run(
+        self,
+        *,
+        root_latent: torch.Tensor,
+        root_policy_logits: np.ndarray,
+        legal_mask: np.ndarray,
+        recurrent_fn: RecurrentFn,
+        add_noise: bool,
+        deterministic: bool,
+        rng: np.random.Generator,
+        root_value: np.ndarray | None = None,
+        **network_fns: Callable,
+    ) -> SearchOutput:
+        """Search from B roots (arguments: :meth:`Search.run`; ``root_value`` is required here: the root's
+        initial inference is its first visit). ``network_fns``: extra callables a variant's :meth:`_expand`
+        takes (Stochastic MuZero's ``afterstate_fn``)."""
+        bsz = self._stage_roots(root_latent, root_policy_logits, legal_mask, root_value)
+        self._prepare(bsz, add_noise=bool(add_noise), deterministic=bool(deterministic), rng=rng)
+        with torch.no_grad():
+            latents, batch_index = self._store.ensure(
+                root_latent, num_nodes=self._num_simulations + 1, batch_size=bsz
+            )  # [S + 1, Bc, *latent_shape], [B]
+            latents[0, :bsz].copy_(root_latent)
+            for sim in range(self._num_simulations):
+                self._select(bsz, sim, bool(deterministic))
+                self._expand(bsz, sim, latents, batch_index, recurrent_fn, **network_fns)
+                self._backup(bsz, sim)
+        return self._outputs(bsz)
+
+    # ------------------------------------------------------------------------------------------- hooks
+
+    def _stage_roots(self, root_latent, root_policy_logits, legal_mask, root_value) -> int:
+        """Check the root inputs and copy them into the float64 staging buffers. Returns B."""
+        bsz = int(root_latent.shape[0])
+        num_actions = self._num_actions
+        legal_mask = np.asarray(legal_mask)
+        _check_shape("root_policy_logits", root_policy_logits, (bsz, num_actions))
+        _check_shape("legal_mask", legal_mask, (bsz, num_actions))
+        if legal_mask.dtype != np.bool_:
+            raise TypeError(f"legal_mask must be bool, got {legal_mask.dtype}")
+        if not legal_mask.any(axis=1).all():
+            raise ValueError("every legal_mask row needs at least one legal action")
+        if root_value is None:
+            raise ValueError("root_value [B] is required: the root's initial inference is its first visit")
+        t = self._tree
+        t.ensure_capacity(batch_size=bsz, num_nodes=self._num_simulations + 1)
+        b = slice(0, bsz)
+        t.root_logits[b] = root_policy_logits  # float64 staging, exact for float32 inputs
+        t.root_legal[b] = legal_mask
+        _stage("root_value", t.root_value[b], np.asarray(root_value))
+        return bsz
+
+    def _prepare(self, bsz: int, *, add_noise: bool, deterministic: bool, rng: np.random.Generator) -> None:
+        """Reset the trees, set the root priors (noise staged in ``root_noise`` when ``add_noise``) and
+        count the roots' first visits."""
+        t = self._tree
+        kernels.prepare_roots(
+            t.children, t.prior, t.logits, t.kind, t.visit_count, t.value_sum, t.reward, t.raw_value,
+            t.min_value, t.max_value, t.root_legal, t.root_logits, t.root_noise, t.root_value, bsz,
+            self._num_simulations + 1, self._num_actions, add_noise, self._noise_weight(), self.discount,
+        )  # fmt: skip
+
+    def _noise_weight(self) -> float:
+        return 0.0
+
+    @abc.abstractmethod
+    def _select(self, bsz: int, sim: int, deterministic: bool) -> None:
+        """Write the path and ``sel_parent``/``sel_action``/``sel_kind`` of every tree (a select kernel)."""
+
+    def _expand(self, bsz, sim, latents, batch_index, recurrent_fn, **network_fns) -> None:
+        """One batched ``recurrent_fn`` call on every tree's selected edge; stores the new latents (node
+        ``sim + 1``) and stages the decoded outputs for the backup."""
+        t = self._tree
+        b = slice(0, bsz)
+        # One advanced-index gather of every tree's parent latent; from_numpy(...).long() copies, so the
+        # reused sel_parent buffer is not aliased.
+        parent_node = torch.from_numpy(t.sel_parent[b]).to(device=latents.device, dtype=torch.long)
+        parent_latent = latents[parent_node, batch_index]  # [B, *latent_shape]
+        # A fresh int64 array: recurrent_fn may keep it (e.g. to log actions).
+        actions = t.sel_action[b].astype(np.int64)  # [B]
+        next_latent, reward, value, logits = recurrent_fn(parent_latent, actions)
+        _check_latent(next_latent, (bsz, *latents.shape[2:]))
+        latents[sim + 1, :bsz].copy_(next_latent)
+        _stage("reward", t.leaf_reward[b], reward)
+        _stage("value", t.leaf_value[b], value)
+        _stage("policy_logits", t.leaf_logits[b, : self._num_actions], logits)
+
+    def _backup(self, bsz: int, sim: int) -> None:
+        """Attach node ``sim + 1`` in every tree and back its value up (the shared core)."""
+        t = self._tree
+        kernels.expand_and_backup(
+            t.children, t.prior, t.logits, t.kind, t.visit_count, t.value_sum, t.reward, t.raw_value,
+            t.min_value, t.max_value, t.path, t.path_len, t.sel_parent, t.sel_action, t.sel_kind,
+            t.leaf_reward, t.leaf_value, t.leaf_logits, sim + 1, bsz, self._num_actions, self.num_chances,
+            self.discount, self.chance_edges,
+        )  # fmt: skip
+
+    def _outputs(self, bsz: int) -> SearchOutput:
+        """Root visit counts, value and priors, plus the variant's :meth:`_extras`."""
+        t = self._tree
+        visit_counts = np.empty((bsz, self._num_actions), dtype=np.int32)  # [B, A]
+        root_value = np.empty(bsz, dtype=np.float64)  # [B]
+        kernels.root_statistics(
+            t.children, t.visit_count, t.value_sum, bsz, self._num_actions, visit_counts, root_value
+        )
+        totals = visit_counts.sum(axis=1, keepdims=True)  # [B, 1], == num_simulations
+        return SearchOutput(
+            visit_counts=visit_counts,
+            visit_distribution=(visit_counts / totals).astype(np.float32),
+            root_value=root_value.astype(np.float32),
+            root_prior=t.prior[:bsz, 0, : self._num_actions].astype(np.float32),
+            extras=self._extras(bsz, visit_counts),
+        )
+
+    def _extras(self, bsz: int, visit_counts: np.ndarray) -> dict[str, np.ndarray]:
+        """Variant-specific outputs, each with a leading [B] axis (none here)."""
+        return {}
+
+
+class MuZeroSearch(TreeSearch):
     """MuZero pUCT search over discrete actions (Schrittwieser et al. 2020), batched via numba kernels.
 
-    Root visit-count rule: the root starts with visit_count 0 and the initial inference does *not* count as a
-    visit, so after ``num_simulations`` simulations the root has exactly ``num_simulations`` visits and its
-    children's visits sum to ``num_simulations``. Consequence: in simulation 0 the exploration term is 0 for
-    every child (sqrt(0) = 0) so the first root action is a tie (lowest legal index when deterministic).
-    ``root_value`` is the mean of the backed-up returns and excludes the root's own network value.
+    Rules: :mod:`muzero_tune.mcts.kernels` (root priors and noise, the root's counted first visit, backup,
+    min-max) and :mod:`muzero_tune.mcts.puct` (selection); :func:`muzero_tune.mcts.reference.reference_search`
+    is the plain-Python specification. The root's initial inference is its first visit (visit_count 1,
+    value_sum = ``root_value``), so the children's visits sum to ``num_simulations``, simulation 0 follows
+    the prior, and ``root_value`` of the output is the mean over the network's root value and the
+    ``num_simulations`` backed-up returns.
 
     Randomness consumed from ``rng`` per :meth:`run`: if ``add_noise``, one
     ``rng.standard_gamma(dirichlet_alpha, size=(B, A))`` call (normalised over the legal actions of each row
@@ -186,168 +360,60 @@ class MuZeroSearch(Search):
         dirichlet_alpha: float = 0.3,
         noise_weight: float = 0.25,
         value_delta_max: float = 0.01,
+        tree: TreeArrays | None = None,
     ) -> None:
-        if num_actions < 1:
-            raise ValueError(f"num_actions must be >= 1, got {num_actions}")
-        if num_simulations < 1:
-            raise ValueError(f"num_simulations must be >= 1, got {num_simulations}")
         if dirichlet_alpha <= 0.0:
             raise ValueError(f"dirichlet_alpha must be > 0, got {dirichlet_alpha}")
         if not 0.0 <= noise_weight <= 1.0:
             raise ValueError(f"noise_weight must be in [0, 1], got {noise_weight}")
-        self._num_actions = int(num_actions)
-        self._num_simulations = int(num_simulations)
+        super().__init__(
+            num_actions=num_actions,
+            num_simulations=num_simulations,
+            discount=discount,
+            value_delta_max=value_delta_max,
+            tree=tree,
+        )
         self.pb_c_base = float(pb_c_base)
         self.pb_c_init = float(pb_c_init)
-        self.discount = float(discount)
         self.dirichlet_alpha = float(dirichlet_alpha)
         self.noise_weight = float(noise_weight)
-        self.value_delta_max = float(value_delta_max)
-        self._tree = TreeArrays(num_actions=self._num_actions)
-        self._store = LatentStore()
 
-    @property
-    def num_actions(self) -> int:
-        return self._num_actions
+    _chance_mode = 0  # unused without chance edges
 
-    @property
-    def num_simulations(self) -> int:
-        return self._num_simulations
+    def _noise_weight(self) -> float:
+        return self.noise_weight
 
-    @property
-    def tree(self) -> TreeArrays:
-        """The reusable tree storage (contents are only meaningful right after :meth:`run`)."""
-        return self._tree
-
-    def run(
-        self,
-        *,
-        root_latent: torch.Tensor,
-        root_policy_logits: np.ndarray,
-        legal_mask: np.ndarray,
-        recurrent_fn: RecurrentFn,
-        add_noise: bool,
-        deterministic: bool,
-        rng: np.random.Generator,
-        root_value: np.ndarray | None = None,
-    ) -> SearchOutput:
-        batch_size = int(root_latent.shape[0])
-        num_actions = self._num_actions
-        legal_mask = np.asarray(legal_mask)
-        _check_shape("root_policy_logits", root_policy_logits, (batch_size, num_actions))
-        _check_shape("legal_mask", legal_mask, (batch_size, num_actions))
-        if legal_mask.dtype != np.bool_:
-            raise TypeError(f"legal_mask must be bool, got {legal_mask.dtype}")
-        if not legal_mask.any(axis=1).all():
-            raise ValueError("every legal_mask row needs at least one legal action")
-
-        tree = self._tree
-        num_nodes = self._num_simulations + 1
-        tree.ensure_capacity(batch_size=batch_size, num_nodes=num_nodes)
-        b = slice(0, batch_size)
-        tree.root_logits[b] = root_policy_logits  # float64 staging, exact for float32 inputs
-        tree.root_legal[b] = legal_mask
-        if add_noise:
-            tree.root_noise[b] = rng.standard_gamma(self.dirichlet_alpha, size=(batch_size, num_actions))
+    def _seed_numba(self, deterministic: bool, rng: np.random.Generator) -> None:
+        """numba's RNG serves only random tie-breaks here."""
         if not deterministic:
             kernels.seed_rng(int(rng.integers(0, 2**31 - 1)))
-        kernels.prepare_roots(
-            tree.children,
-            tree.prior,
-            tree.visit_count,
-            tree.value_sum,
-            tree.reward,
-            tree.min_value,
-            tree.max_value,
-            tree.root_legal,
-            tree.root_logits,
-            tree.root_noise,
-            batch_size,
-            num_nodes,
-            bool(add_noise),
-            self.noise_weight,
-        )
 
-        with torch.no_grad():
-            latents, batch_index = self._store.ensure(
-                root_latent, num_nodes=self._num_simulations + 1, batch_size=batch_size
-            )  # [S + 1, Bc, *latent_shape], [B]
-            latents[0, :batch_size].copy_(root_latent)
-            for sim in range(self._num_simulations):
-                kernels.select_leaves(
-                    tree.children,
-                    tree.prior,
-                    tree.visit_count,
-                    tree.value_sum,
-                    tree.reward,
-                    tree.min_value,
-                    tree.max_value,
-                    tree.root_legal,
-                    tree.scores,
-                    tree.path,
-                    tree.path_len,
-                    tree.sel_parent,
-                    tree.sel_action,
-                    batch_size,
-                    self.pb_c_base,
-                    self.pb_c_init,
-                    self.discount,
-                    self.value_delta_max,
-                    bool(deterministic),
-                )
-                # One advanced-index gather of every tree's parent latent. from_numpy(...).long() copies,
-                # so the reused sel_parent buffer is not aliased.
-                parent_node = torch.from_numpy(tree.sel_parent[b]).to(device=latents.device, dtype=torch.long)
-                parent_latent = latents[parent_node, batch_index]  # [B, *latent_shape]
-                # A fresh int64 array: recurrent_fn may keep it (e.g. to log actions).
-                actions = tree.sel_action[b].astype(np.int64)  # [B]
-                next_latent, reward, value, logits = recurrent_fn(parent_latent, actions)
-                if tuple(next_latent.shape) != tuple(root_latent.shape):
-                    raise ValueError(
-                        f"recurrent_fn next_latent shape {tuple(next_latent.shape)} "
-                        f"!= root_latent shape {tuple(root_latent.shape)}"
-                    )
-                latents[sim + 1, :batch_size].copy_(next_latent)
-                _stage("reward", tree.leaf_reward[b], reward)
-                _stage("value", tree.leaf_value[b], value)
-                _stage("policy_logits", tree.leaf_logits[b], logits)
-                kernels.expand_and_backup(
-                    tree.children,
-                    tree.prior,
-                    tree.visit_count,
-                    tree.value_sum,
-                    tree.reward,
-                    tree.min_value,
-                    tree.max_value,
-                    tree.path,
-                    tree.path_len,
-                    tree.sel_parent,
-                    tree.sel_action,
-                    tree.leaf_reward,
-                    tree.leaf_value,
-                    tree.leaf_logits,
-                    sim + 1,
-                    batch_size,
-                    self.discount,
-                )
+    def _prepare(self, bsz: int, *, add_noise: bool, deterministic: bool, rng: np.random.Generator) -> None:
+        if add_noise:
+            self._tree.root_noise[:bsz] = rng.standard_gamma(
+                self.dirichlet_alpha, size=(bsz, self._num_actions)
+            )
+        self._seed_numba(deterministic, rng)
+        super()._prepare(bsz, add_noise=add_noise, deterministic=deterministic, rng=rng)
 
-        visit_counts = np.empty((batch_size, num_actions), dtype=np.int32)  # [B, A]
-        root_value = np.empty(batch_size, dtype=np.float64)  # [B]
-        kernels.root_statistics(
-            tree.children, tree.visit_count, tree.value_sum, batch_size, visit_counts, root_value
-        )
-        totals = visit_counts.sum(axis=1, keepdims=True)  # [B, 1], == num_simulations
-        return SearchOutput(
-            visit_counts=visit_counts,
-            visit_distribution=(visit_counts / totals).astype(np.float32),
-            root_value=root_value.astype(np.float32),
-            root_prior=tree.prior[b, 0, :].astype(np.float32),
-        )
+    def _select(self, bsz: int, sim: int, deterministic: bool) -> None:
+        t = self._tree
+        puct.select_leaves(
+            t.children, t.prior, t.kind, t.visit_count, t.value_sum, t.reward, t.min_value, t.max_value,
+            t.root_legal, t.scores, t.path, t.path_len, t.sel_parent, t.sel_action, t.sel_kind, bsz,
+            self._num_actions, self.num_chances, self.pb_c_base, self.pb_c_init, self.discount,
+            self.value_delta_max, deterministic, self.chance_edges, self._chance_mode,
+        )  # fmt: skip
 
 
 def _check_shape(name: str, array: np.ndarray, shape: tuple[int, ...]) -> None:
     if tuple(np.shape(array)) != shape:
         raise ValueError(f"{name} must have shape {shape}, got {tuple(np.shape(array))}")
+
+
+def _check_latent(latent: torch.Tensor, shape: tuple[int, ...]) -> None:
+    if tuple(latent.shape) != shape:
+        raise ValueError(f"network latent shape {tuple(latent.shape)} does not match the root's {shape}")
 
 
 def _stage(name: str, dst: np.ndarray, src: np.ndarray) -> None:

@@ -164,6 +164,7 @@ class EfficientZeroPolicy(MuZeroPolicy):
             add_noise=add_noise,
             deterministic=deterministic,
             rng=rng,
+            root_value=predicted.cpu().numpy(),
         )
         model.train(was_training)
         return out, predicted.cpu().numpy().astype(np.float32)

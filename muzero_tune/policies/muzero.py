@@ -117,6 +117,7 @@ class MuZeroPolicy(Policy):
             add_noise=add_noise,
             deterministic=deterministic,
             rng=rng,
+            root_value=predicted.cpu().numpy(),
             **self._search_fns(model),
         )
         model.train(was_training)

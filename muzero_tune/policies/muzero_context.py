@@ -134,6 +134,7 @@ class CarriedStatePolicy(MuZeroPolicy):
             add_noise=add_noise,
             deterministic=deterministic,
             rng=rng,
+            root_value=predicted.cpu().numpy(),
         )
         return out, predicted.cpu().numpy().astype(np.float32)
 

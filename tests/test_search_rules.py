@@ -1,0 +1,170 @@
+"""MuZero's search rules pinned by hand-worked trees, independent of the kernels and of mcts/reference.py.
+
+Every expected visit sequence below is derived in the comments from the published formulas (MuZero's pUCT,
+Schrittwieser et al. 2020, appendix B; the root's initial inference counted as its first visit as in mctx and
+LightZero), with c(N) = 1.25 + ln((N + 19653) / 19652) (pb_c_init 1.25, pb_c_base 19652; c(N) ~ 1.2500 +
+N / 19652, which never decides a comparison here). The search runs in deterministic mode; running it with
+S = 1, 2, ... simulations gives the root action of each simulation, since a deterministic search with S + 1
+simulations repeats the first S.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from muzero_tune.mcts import MuZeroSearch
+from muzero_tune.mcts.stochastic import StochasticMuZeroSearch
+
+
+class ChainModel:
+    """A world model as tables: ``next_state[s][a]``, ``reward[s][a]``, ``value[s]``, ``logits[s]``."""
+
+    def __init__(self, next_state, reward, value, logits):
+        self.next_state = np.asarray(next_state)
+        self.reward = np.asarray(reward, dtype=np.float64)
+        self.value = np.asarray(value, dtype=np.float64)
+        self.logits = np.asarray(logits, dtype=np.float64)
+
+    def __call__(self, latent: torch.Tensor, actions: np.ndarray):
+        s = latent[:, 0].long().numpy()
+        ns = self.next_state[s, actions]
+        return (
+            torch.as_tensor(ns, dtype=torch.float64)[:, None],
+            self.reward[s, actions],
+            self.value[ns],
+            self.logits[ns],
+        )
+
+
+def _root_visits(model: ChainModel, sims: int, *, discount: float, legal=None) -> np.ndarray:
+    num_actions = model.logits.shape[1]
+    search = MuZeroSearch(num_actions=num_actions, num_simulations=sims, discount=discount)
+    out = search.run(
+        root_latent=torch.zeros(1, 1, dtype=torch.float64),
+        root_policy_logits=model.logits[:1],
+        legal_mask=np.ones((1, num_actions), bool) if legal is None else legal,
+        recurrent_fn=model,
+        add_noise=False,
+        deterministic=True,
+        rng=np.random.default_rng(0),
+        root_value=model.value[:1],
+    )
+    return out.visit_counts[0]
+
+
+def _root_sequence(model: ChainModel, sims: int, *, discount: float) -> list[int]:
+    """The root action of each of the first ``sims`` simulations."""
+    seq, before = [], np.zeros(model.logits.shape[1], int)
+    for s in range(1, sims + 1):
+        after = _root_visits(model, s, discount=discount)
+        (changed,) = np.flatnonzero(after - before)
+        seq.append(int(changed))
+        before = after
+    return seq
+
+
+def test_first_simulation_follows_the_prior():
+    """Item 1 of the search-correctness issue. 4 actions, logits [0, 0, 0, 5]: prior p3 = e^5 / (3 + e^5)
+    = 0.9802, p0..2 = 0.0066. Every step: reward 1, value 20, the same logits; root value 20; discount 0.997.
+
+    Simulation 0: the root has N = 1 (its counted first visit), so score(a) = p_a * sqrt(1) / 1 * c(1):
+    1.2254 for a3 against 0.0083 -> a3 (with N = 0 every score would be 0 and a0 would win the tie).
+    After it, min-max holds the root's seeded Q 0.997 * 20 = 19.94, Q(a3) = 1 + 0.997 * 20 = 20.94 and the
+    root's own Q 0.997 * (20 + 20.94) / 2 = 20.41, so Q_norm(a3) = 1.0 (never the raw Q 20.94).
+    Later: an unvisited action scores at most 0.0066 * sqrt(25) * 1.2513 = 0.041, while a3 scores at least its
+    exploration term 0.9802 * sqrt(N) * 1.25 / (1 + n3) >= 0.9802 * 1.25 / sqrt(N) >= 0.245 for N <= 25, plus
+    Q_norm >= 0. So all 25 simulations go to a3: visits [0, 0, 0, 25].
+    """
+    model = ChainModel(next_state=[[0, 0, 0, 0]], reward=[[1.0] * 4], value=[20.0], logits=[[0, 0, 0, 5.0]])
+    np.testing.assert_array_equal(_root_visits(model, 25, discount=0.997), [0, 0, 0, 25])
+
+
+def test_a_reward_pulls_the_search_away_from_the_prior():
+    """2 actions, discount 0.5, root prior [0.7, 0.3] (logits ln(7/3), 0), root value 0. a0 -> state A
+    (reward 0, value 0); a1 -> state B (reward 2, value 0); below A and B every step has reward 0, value 0,
+    uniform logits (A -> A, B -> B).
+
+    sim 0 (N = 1): a0: 0.7 * 1 * 1.25 / 1 = 0.875; a1: 0.375 -> a0. Backup G = 0: Q(A) = 0; root Q = 0;
+        min-max [0, 0] (span floored at value_delta_max 0.01, Q_norm(A) = 0).
+    sim 1 (N = 2, sqrt 1.414): a0: 0 + 0.7 * 1.414 * 1.25 / 2 = 0.619; a1: 0.3 * 1.414 * 1.25 = 0.530 -> a0.
+    sim 2 (N = 3, sqrt 1.732): a0: 0.7 * 1.732 * 1.25 / 3 = 0.505; a1: 0.3 * 1.732 * 1.25 = 0.650 -> a1.
+        Backup G = 0: Q(B) = 2 + 0.5 * 0 = 2; G = 2; root value_sum 2, N 4, root Q = 0.5 * 2 / 4 = 0.25;
+        min-max [0, 2].
+    sim 3 (N = 4, sqrt 2): a0: Q_norm 0 + 0.7 * 2 * 1.25 / 3 = 0.583; a1: Q_norm(2) = 1 + 0.3 * 2 * 1.25 / 2
+        = 1.375 -> a1. Backup (a leaf under B, value 0): Q(B) = 2 + 0.5 * 0 / 2 = 2; G = 2; root Q 0.4.
+    sim 4 (N = 5, sqrt 2.236): a0: 0 + 0.7 * 2.236 * 1.25 / 3 = 0.652; a1: 1 + 0.3 * 2.236 * 1.25 / 3
+        = 1.280 -> a1.
+    Root actions: [0, 0, 1, 1, 1].
+    """
+    p0 = math.log(7 / 3)
+    model = ChainModel(
+        next_state=[[1, 2], [1, 1], [2, 2]],
+        reward=[[0.0, 2.0], [0.0, 0.0], [0.0, 0.0]],
+        value=[0.0, 0.0, 0.0],
+        logits=[[p0, 0.0], [0.0, 0.0], [0.0, 0.0]],
+    )
+    assert _root_sequence(model, 5, discount=0.5) == [0, 0, 1, 1, 1]
+
+
+def test_discount_and_the_roots_q_set_the_normalisation():
+    """3 actions, discount 0.9, uniform priors 1/3, root value 10 (seeded root Q 0.9 * 10 = 9).
+    a0 -> X (reward 0, value 10), a1 -> Y (reward 0, value 0), a2 -> Z (reward 5, value 0); below, each
+    state loops to itself with reward 0 and its own value and uniform logits.
+
+    sim 0 (N = 1): every score 1/3 * 1.25 -> tie -> a0 (lowest index). Backup G = 10: Q(X) = 0.9 * 10 = 9;
+        G = 9; root value_sum 19, N 2, root Q 0.9 * 9.5 = 8.55. min-max [8.55, 9].
+    sim 1 (N = 2): a0: Q_norm (9 - 8.55) / 0.45 = 1 + 1/3 * 1.414 * 1.25 / 2 = 1.295; a1, a2: 1/3 * 1.414 *
+        1.25 = 0.589 -> a0. Inside X (N = 1, both children unvisited): tie -> child 0 (X'). Backup G = 10:
+        Q(X') = 9; G = 9; X: value_sum 19, N 2, Q(X) = 8.55; G = 8.1; root value_sum 27.1, N 3, root Q =
+        0.9 * 9.0333 = 8.13. min-max [8.13, 9].
+    sim 2 (N = 3): a0: Q_norm (8.55 - 8.13) / 0.87 = 0.4828 + 1/3 * 1.732 * 1.25 / 3 = 0.2406 -> 0.7234;
+        a1, a2: 1/3 * 1.732 * 1.2502 = 0.7218 -> a0. Inside X: X' scores 1 + ... > unvisited -> X'; inside X'
+        (N = 1): tie -> X''. Backup G = 10: Q(X'') = 9; X': Q 8.55, G 8.1; X: value_sum 27.1, N 3, Q(X) =
+        0.9 * 9.0333 = 8.13, G = 7.29; root value_sum 34.39, N 4, root Q = 0.9 * 8.5975 = 7.738. min-max
+        [7.738, 9].
+    sim 3 (N = 4): a0: Q_norm (8.13 - 7.738) / 1.262 = 0.311 + 1/3 * 2 * 1.25 / 4 = 0.208 -> 0.519; a1:
+        1/3 * 2 * 1.25 = 0.833 -> a1. Backup G = 0: Q(Y) = 0; root value_sum 34.39, N 5, root Q 6.19.
+        min-max [0, 9].
+    sim 4 (N = 5, sqrt 2.236): a0: 8.13 / 9 = 0.903 + 1/3 * 2.236 * 1.25 / 4 = 0.233 -> 1.136; a1: 0 + 1/3 *
+        2.236 * 1.25 / 2 = 0.466; a2: 1/3 * 2.236 * 1.25 = 0.932 -> a0.
+    Root actions: [0, 0, 0, 1, 0].
+    """
+    u = [0.0, 0.0, 0.0]
+    model = ChainModel(
+        next_state=[[1, 2, 3], [1, 1, 1], [2, 2, 2], [3, 3, 3]],
+        reward=[[0.0, 0.0, 5.0], u, u, u],
+        value=[10.0, 10.0, 0.0, 0.0],
+        logits=[u, u, u, u],
+    )
+    assert _root_sequence(model, 5, discount=0.9) == [0, 0, 0, 1, 0]
+
+
+def test_stochastic_search_first_simulation_follows_the_prior():
+    """The chance-node search shares the root rule: with one chance outcome per afterstate, the tree of the
+    first test gives all 25 visits to a3 there too."""
+    logits = np.array([[0.0, 0.0, 0.0, 5.0]])
+
+    def afterstate_fn(latent, actions):
+        n = len(actions)
+        return latent, np.full(n, 20.0), np.zeros((n, 1))
+
+    def recurrent_fn(latent, codes):
+        n = len(codes)
+        return latent, np.ones(n), np.full(n, 20.0), np.repeat(logits, n, 0)
+
+    search = StochasticMuZeroSearch(num_actions=4, num_chances=1, num_simulations=25, discount=0.997)
+    out = search.run(
+        root_latent=torch.zeros(1, 1),
+        root_policy_logits=logits,
+        legal_mask=np.ones((1, 4), bool),
+        recurrent_fn=recurrent_fn,
+        afterstate_fn=afterstate_fn,
+        add_noise=False,
+        deterministic=True,
+        rng=np.random.default_rng(0),
+        root_value=np.array([20.0]),
+    )
+    np.testing.assert_array_equal(out.visit_counts[0], [0, 0, 0, 25])
