@@ -250,7 +250,8 @@ def test_trial_error_is_retried_from_its_last_checkpoint_and_counters_continue(s
     runs = client.search_runs([exp.experiment_id], filter_string=f"tags.`{TRIAL_TAG}` = '{trial_id}'")
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
     hist = client.get_metric_history(runs[0].info.run_id, "eval_index")
-    assert sorted(m.step for m in hist) == list(range(1, n + 1))
+    assert sorted(int(m.value) for m in hist) == list(range(1, n + 1))
+    assert sorted(m.step for m in hist) == [int(v) for v in col(rows, "envstep")]  # steps are env steps
 
 
 # ---------------------------------------------------------------------------------------------- Optuna
@@ -297,8 +298,9 @@ def test_mlflow_has_one_run_per_trial_with_params_tags_and_a_point_per_report(as
         assert t["trial_name"] in os.path.basename(result.path)
         rows = progress(result.path)
         for key in ("reward_mean", "envstep", "train_iter", "wall_s"):
-            hist = sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)
-            assert [m.step for m in hist] == [int(float(r["eval_index"])) for r in rows]
+            hist = client.get_metric_history(run.info.run_id, key)
+            hist = sorted(hist, key=lambda m: (m.step, m.timestamp))
+            assert [m.step for m in hist] == [int(float(r["envstep"])) for r in rows]  # x axis: env steps
             assert [m.value for m in hist] == col(rows, key)
 
 
@@ -380,3 +382,81 @@ def test_placement_that_cannot_fit_the_cluster_is_a_config_error(ray_cluster, tm
     msg = str(e.value)
     assert "placement" in msg and "66 CPU" in msg and "has 8" in msg and "num_collector_actors" in msg
     _no_trial_started(tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------- issue 10
+
+
+def test_reports_carry_timesteps_total_and_training_episode_returns(async_sweep):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(async_sweep.tracking_uri)
+    exp = client.get_experiment_by_name(async_sweep.experiment_name)
+    by_trial = {r.data.tags.get(TRIAL_TAG): r for r in client.search_runs([exp.experiment_id])}
+    for result in async_sweep.results:
+        rows = progress(result.path)
+        assert col(rows, "timesteps_total") == col(rows, "envstep")  # Tune's loggers plot against env steps
+        episodes = col(rows, "collect/episodes")
+        assert episodes == sorted(episodes) and episodes[-1] > 0
+        assert result.metrics["collect/episode_return_mean"] >= 8  # CartPole: at least 8 steps an episode
+        run = by_trial[result.metrics["trial_id"]]
+        hist = client.get_metric_history(run.info.run_id, "collect/episode_return_mean")
+        assert hist and all(m.step in {int(v) for v in col(rows, "envstep")} for m in hist)
+        assert glob.glob(os.path.join(result.path, "events.out.tfevents.*"))  # Tune's TensorBoard files
+
+
+def test_cli_eval_and_resume_accept_tune_trial_paths_and_an_async_trial_resumes_async(
+    async_sweep, tmp_path, capsys
+):
+    import json
+
+    from muzero_tune.cli import main as cli_main
+
+    d = trial_dirs(async_sweep.results)[0]
+    newest = checkpoints(d)[-1]
+    for path in (d, os.path.dirname(newest), newest):
+        assert cli_main(["eval", path, "--episodes", "1"]) == 0
+        out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert out["checkpoint"] == newest and out["episodes"] == 1
+    ckpt = load_checkpoint(newest)
+    counters = ckpt["resume"]["counters"]
+    args = ["train", "--resume", os.path.dirname(newest), "--set", f"logging.output_dir={tmp_path}",
+            "--set", "exp_name=from_trial", "--set", f"max_env_step={counters['env_steps'] + 60}",
+            "--set", "learn.resume_warmup_transitions=16"]
+    assert cli_main(args) == 0
+    err = capsys.readouterr().err
+    assert f"eval_index={counters['eval_index']}" in err and "async pipeline" in err
+    with open(tmp_path / "from_trial" / "metrics.jsonl") as f:
+        rows = [json.loads(line) for line in f]
+    assert rows and all(r["pipeline"] == "async" for r in rows)
+    assert rows[0]["eval_index"] == counters["eval_index"] + 1
+    with open(tmp_path / "from_trial" / "config.json") as f:
+        cfg = json.load(f)
+    assert cfg[AP + "weight_sync_interval"] == ckpt["config"][AP + "weight_sync_interval"]  # the trial's own
+
+
+def test_compare_of_an_unknown_experiment_is_one_line(async_sweep, tmp_path):
+    from conftest import run_cli
+
+    uri = async_sweep.tracking_uri
+    res = run_cli(["compare", "--experiment", "nope", "--tracking-uri", uri], cwd=tmp_path)
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert res.returncode == 2 and len(lines) == 1 and "Traceback" not in res.stderr
+    assert "--experiment nope: no such MLflow experiment" in lines[0]
+    assert async_sweep.experiment_name in lines[0]  # the experiments that do exist
+
+
+def test_device_auto_reserves_a_gpu_in_bundle_0_only_when_the_cluster_has_one(ray_cluster, tmp_path):
+    from muzero_tune.tune.resources import trial_bundles
+
+    auto = make_config("cartpole_muzero", overrides=tiny(tmp_path, **{"learn.device": "auto"}))
+    cpu = make_config("cartpole_muzero", overrides=tiny(tmp_path))
+    asyn = make_config(
+        "cartpole_muzero", overrides=tiny(tmp_path, **{"learn.device": "auto", AP + "enabled": True})
+    )
+    assert trial_bundles(auto, cluster_gpus=1.0) == [{"CPU": 1.0, "GPU": 1.0}]
+    assert trial_bundles(asyn, cluster_gpus=2.0)[0] == {"CPU": 1.0, "GPU": 1.0}
+    assert all("GPU" not in b for b in trial_bundles(asyn, cluster_gpus=2.0)[1:])
+    assert trial_bundles(auto, cluster_gpus=0.0) == [{"CPU": 1.0}]
+    assert trial_bundles(cpu, cluster_gpus=1.0) == [{"CPU": 1.0}]
+    assert trial_bundles(auto) == [{"CPU": 1.0}]  # the test cluster has no GPU
