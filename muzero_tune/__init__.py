@@ -5,9 +5,14 @@ the Tune trainable. Everything else is machinery behind them.
 """
 
 from muzero_tune.config import ConfigError, ExperimentConfig, apply_overrides, make_config, validate
+from muzero_tune.errors import UserError
+
+__version__ = "0.1.0"  # keep equal to setup.cfg's version (a test checks)
 
 __all__ = [
+    "__version__",
     "ConfigError",
+    "UserError",
     "ExperimentConfig",
     "apply_overrides",
     "load_policy",

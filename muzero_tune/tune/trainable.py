@@ -195,13 +195,17 @@ def make_trainable(
 
     from ray import tune
 
-    from muzero_tune.tune.mlflow_log import default_tracking_uri
+    from muzero_tune.tune.mlflow_log import default_tracking_uri, ensure_experiment
 
     storage = os.path.abspath(cfg.tune.storage_path)
     if mlflow_uri == "default":
         mlflow_uri = (
             (cfg.tune.mlflow_tracking_uri or default_tracking_uri(storage)) if cfg.tune.mlflow else None
         )
+    if mlflow_uri is not None:
+        # here, once: trials starting together would race to create the sqlite store and its experiment
+        os.makedirs(storage, exist_ok=True)
+        ensure_experiment(mlflow_uri, experiment_name or sweep_name, os.path.join(storage, "mlartifacts"))
     base_flat = to_flat_dict(cfg)
     fn = partial(
         run_trial,
