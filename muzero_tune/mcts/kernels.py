@@ -111,6 +111,53 @@ def node_discount(kind, b, node, discount, chance_edges):
     return discount
 
 
+@numba.njit(cache=True, inline="always")
+def reset_tree(children, prior, kind, visit_count, value_sum, reward, raw_value, b, num_nodes):
+    """Clear nodes ``[0, num_nodes)`` of tree ``b`` (every edge unexpanded, prior 0)."""
+    width = children.shape[2]
+    for n in range(num_nodes):
+        for a in range(width):
+            children[b, n, a] = -1
+            prior[b, n, a] = 0.0
+        visit_count[b, n] = 0
+        value_sum[b, n] = 0.0
+        reward[b, n] = 0.0
+        raw_value[b, n] = 0.0
+        kind[b, n] = DECISION
+
+
+@numba.njit(cache=True, inline="always")
+def mix_root_noise(prior, root_noise, root_legal, b, num_edges, noise_weight):
+    """prior[b, 0, e] = (1 - w) * prior + w * eta over the legal root edges, eta = the Gamma draws
+    root_noise[b] normalised over them (a Dirichlet sample)."""
+    noise_total = 0.0
+    num_legal = 0
+    for a in range(num_edges):
+        if root_legal[b, a]:
+            noise_total += root_noise[b, a]
+            num_legal += 1
+    for a in range(num_edges):
+        if root_legal[b, a]:
+            # All-zero Gamma draws (possible only through underflow) fall back to uniform noise.
+            if noise_total > 0.0:
+                eta = root_noise[b, a] / noise_total
+            else:
+                eta = 1.0 / num_legal
+            prior[b, 0, a] = (1.0 - noise_weight) * prior[b, 0, a] + noise_weight * eta
+
+
+@numba.njit(cache=True, inline="always")
+def count_root_visit(visit_count, value_sum, raw_value, min_value, max_value, root_value, b, discount):
+    """The initial inference is the root's first visit; its Q (reward 0) seeds the min-max stats."""
+    v = root_value[b]
+    visit_count[b, 0] = 1
+    value_sum[b, 0] = v
+    raw_value[b, 0] = v
+    q = 0.0 + discount * (v / 1.0)
+    min_value[b] = q
+    max_value[b] = q
+
+
 @numba.njit(cache=True)
 def prepare_roots(children, prior, logits, kind, visit_count, value_sum, reward, raw_value, min_value,
                   max_value, root_legal, root_logits, root_noise, root_value, batch_size, num_nodes,
@@ -121,18 +168,8 @@ def prepare_roots(children, prior, logits, kind, visit_count, value_sum, reward,
     root_logits [Bc, A] float64; root_legal [Bc, A] bool (every row has a legal action); root_noise [Bc, A]
     float64 raw Gamma(alpha, 1) draws, read only when ``add_noise``; root_value [Bc] float64.
     """
-    width = children.shape[2]
     for b in range(batch_size):
-        for n in range(num_nodes):
-            for a in range(width):
-                children[b, n, a] = -1
-                prior[b, n, a] = 0.0
-            visit_count[b, n] = 0
-            value_sum[b, n] = 0.0
-            reward[b, n] = 0.0
-            raw_value[b, n] = 0.0
-            kind[b, n] = DECISION
-
+        reset_tree(children, prior, kind, visit_count, value_sum, reward, raw_value, b, num_nodes)
         m = -np.inf
         for a in range(num_actions):
             logits[b, 0, a] = root_logits[b, a]
@@ -147,31 +184,46 @@ def prepare_roots(children, prior, logits, kind, visit_count, value_sum, reward,
         for a in range(num_actions):
             if root_legal[b, a]:
                 prior[b, 0, a] = prior[b, 0, a] / total
-
         if add_noise:
-            noise_total = 0.0
-            num_legal = 0
-            for a in range(num_actions):
-                if root_legal[b, a]:
-                    noise_total += root_noise[b, a]
-                    num_legal += 1
-            for a in range(num_actions):
-                if root_legal[b, a]:
-                    # All-zero Gamma draws (possible only through underflow) fall back to uniform noise.
-                    if noise_total > 0.0:
-                        eta = root_noise[b, a] / noise_total
-                    else:
-                        eta = 1.0 / num_legal
-                    prior[b, 0, a] = (1.0 - noise_weight) * prior[b, 0, a] + noise_weight * eta
+            mix_root_noise(prior, root_noise, root_legal, b, num_actions, noise_weight)
+        count_root_visit(visit_count, value_sum, raw_value, min_value, max_value, root_value, b, discount)
 
-        # The initial inference is the root's first visit; its Q (reward 0) seeds the min-max stats.
-        v = root_value[b]
-        visit_count[b, 0] = 1
-        value_sum[b, 0] = v
-        raw_value[b, 0] = v
-        q = 0.0 + discount * (v / 1.0)
-        min_value[b] = q
-        max_value[b] = q
+
+@numba.njit(cache=True, inline="always")
+def attach_leaf(children, kind, reward, raw_value, path, path_len, sel_parent, sel_action, leaf_reward,
+                leaf_value, b, new_node, new_kind):
+    """Make ``new_node`` (kind, staged reward and network value) the child at (sel_parent, sel_action) of
+    tree ``b`` and append it to the current path."""
+    children[b, sel_parent[b], sel_action[b]] = new_node
+    kind[b, new_node] = new_kind
+    reward[b, new_node] = leaf_reward[b]
+    raw_value[b, new_node] = leaf_value[b]
+    n = path_len[b]
+    path[b, n] = new_node
+    path_len[b] = n + 1
+
+
+@numba.njit(cache=True, inline="always")
+def backup_path(kind, visit_count, value_sum, reward, min_value, max_value, path, path_len, b, g, discount,
+                chance_edges):
+    """Back the leaf value ``g`` up the current path of tree ``b`` (module rules: values, visits, min-max
+    with every node's Q, the root's included, discount, the chance-edge rule)."""
+    lo = min_value[b]
+    hi = max_value[b]
+    for i in range(path_len[b] - 1, -1, -1):
+        node = path[b, i]
+        value_sum[b, node] += g
+        visit_count[b, node] += 1
+        r = reward[b, node]
+        d = node_discount(kind, b, node, discount, chance_edges)
+        q = r + d * (value_sum[b, node] / visit_count[b, node])
+        if q < lo:
+            lo = q
+        if q > hi:
+            hi = q
+        g = r + d * g
+    min_value[b] = lo
+    max_value[b] = hi
 
 
 @numba.njit(cache=True)
@@ -185,40 +237,18 @@ def expand_and_backup(children, prior, logits, kind, visit_count, value_sum, rew
     the new node's kind alternates with its parent's and chance nodes do not discount (module rules).
     """
     for b in range(batch_size):
-        children[b, sel_parent[b], sel_action[b]] = new_node
         width = num_actions
         new_kind = DECISION
         if chance_edges and sel_kind[b] == DECISION:
             width = num_chances
             new_kind = CHANCE
-        kind[b, new_node] = new_kind
-        reward[b, new_node] = leaf_reward[b]
-        raw_value[b, new_node] = leaf_value[b]
+        attach_leaf(children, kind, reward, raw_value, path, path_len, sel_parent, sel_action, leaf_reward,
+                    leaf_value, b, new_node, new_kind)
         for a in range(width):
             logits[b, new_node, a] = leaf_logits[b, a]
         softmax_into(prior, b, new_node, leaf_logits, width)
-        n = path_len[b]
-        path[b, n] = new_node
-        n += 1
-        path_len[b] = n
-
-        lo = min_value[b]
-        hi = max_value[b]
-        g = leaf_value[b]
-        for i in range(n - 1, -1, -1):
-            node = path[b, i]
-            value_sum[b, node] += g
-            visit_count[b, node] += 1
-            r = reward[b, node]
-            d = node_discount(kind, b, node, discount, chance_edges)
-            q = r + d * (value_sum[b, node] / visit_count[b, node])
-            if q < lo:
-                lo = q
-            if q > hi:
-                hi = q
-            g = r + d * g
-        min_value[b] = lo
-        max_value[b] = hi
+        backup_path(kind, visit_count, value_sum, reward, min_value, max_value, path, path_len, b,
+                    leaf_value[b], discount, chance_edges)
 
 
 @numba.njit(cache=True, inline="always")

@@ -53,6 +53,7 @@ import math
 import numpy as np
 import torch
 
+from muzero_tune.mcts import sampled_kernels as smk
 from muzero_tune.mcts.gumbel_kernels import TINY, considered_visit_table
 from muzero_tune.mcts.search import RecurrentFn, SearchOutput
 
@@ -129,9 +130,11 @@ def _make_root(
     noise: np.ndarray | None,
     noise_weight: float,
     discount: float,
+    priors: list[float] | None = None,
 ) -> tuple[_Node, _MinMax]:
-    """The root with its priors (noise mixed in when ``noise`` [A] is given) and its counted first visit."""
-    priors = _softmax(logits, legal)
+    """The root with its priors (softmax of the legal logits unless ``priors`` is given; noise mixed in over
+    the legal edges when ``noise`` [A] is given) and its counted first visit."""
+    priors = _softmax(logits, legal) if priors is None else list(priors)
     if noise is not None:
         total = 0.0
         for a, ok in enumerate(legal):
@@ -159,9 +162,12 @@ def _expand(
     value: float,
     logits: list[float],
     latent: torch.Tensor,
+    priors: list[float] | None = None,
 ) -> _Node:
-    """Attach the new leaf at ``edge`` of ``path[-1]`` and append it to ``path``."""
-    leaf = _Node(kind=kind, reward=reward, logits=logits, priors=_softmax(logits), value=value, latent=latent)
+    """Attach the new leaf at ``edge`` of ``path[-1]`` (priors: the softmax of its logits unless given) and
+    append it to ``path``."""
+    priors = _softmax(logits) if priors is None else priors
+    leaf = _Node(kind=kind, reward=reward, logits=logits, priors=priors, value=value, latent=latent)
     path[-1].children[edge] = leaf
     path.append(leaf)
     return leaf
@@ -551,5 +557,150 @@ def reference_gumbel_search(
             "considered": np.array([[a in c for a in range(num_actions)] for c in considered]),
             "survivors": most_visited,
             "root_actions": root_actions,
+        },
+    )
+
+
+def _sample_edges(
+    params: list[float],
+    *,
+    continuous: bool,
+    num_samples: int,
+    action_dim: int,
+    legal: list[bool],
+    normal: np.ndarray,
+    gumbel: np.ndarray,
+    uniform_prior: bool,
+) -> tuple[list, list[float], int]:
+    """(actions per slot, priors per slot, number of valid slots) of one node (sampled_kernels rules)."""
+    if continuous:
+        actions, scores = [], []
+        for k in range(num_samples):
+            logp, action = 0.0, []
+            for d in range(action_dim):
+                log_sigma = min(max(params[action_dim + d], smk.LOG_SIGMA_MIN), smk.LOG_SIGMA_MAX)
+                z = float(normal[k, d])
+                a = math.tanh(params[d] + math.exp(log_sigma) * z)
+                action.append(a)
+                logp += -0.5 * z * z - log_sigma - smk.HALF_LOG_2PI - math.log(1.0 - a * a + smk.TANH_EPS)
+            actions.append(action)
+            scores.append(logp)
+        num_valid = num_samples
+    else:
+        candidates = [a for a in range(len(params)) if legal[a]]
+        ranked = sorted(candidates, key=lambda a: (-(float(gumbel[a]) + params[a]), a))
+        actions = sorted(ranked[:num_samples])
+        scores = [params[a] for a in actions]
+        num_valid = len(actions)
+        actions = actions + [0] * (num_samples - num_valid)
+    if uniform_prior:
+        priors = [1.0 / num_valid] * num_valid
+    else:
+        priors = _softmax(scores)
+    return actions, priors + [0.0] * (num_samples - num_valid), num_valid
+
+
+def reference_sampled_search(
+    *,
+    root_latent: torch.Tensor,
+    root_policy_logits: np.ndarray,
+    legal_mask: np.ndarray | None,
+    recurrent_fn: RecurrentFn,
+    num_simulations: int,
+    num_samples: int,
+    action_kind: str,
+    add_noise: bool,
+    deterministic: bool,
+    rng: np.random.Generator,
+    root_value: np.ndarray,
+    action_dim: int = 1,
+    sampled_prior: str = "uniform",
+    pb_c_base: float = 19652.0,
+    pb_c_init: float = 1.25,
+    discount: float = 0.997,
+    dirichlet_alpha: float = 0.3,
+    noise_weight: float = 0.25,
+    value_delta_max: float = 0.01,
+) -> SearchOutput:
+    """Sampled MuZero's search (rules: :mod:`muzero_tune.mcts.sampled_kernels`; selection, noise, the root's
+    counted visit and the backup as MuZero's); same arguments, randomness and output as
+    :meth:`muzero_tune.mcts.sampled.SampledSearch.run`."""
+    bsz, num_params = np.shape(root_policy_logits)
+    continuous = action_kind == "continuous"
+    num_env_actions = 1 if continuous else num_params
+    if continuous or legal_mask is None:
+        legal_mask = np.ones((bsz, num_env_actions), dtype=bool)
+    noise = rng.standard_gamma(dirichlet_alpha, size=(bsz, num_samples)) if add_noise else None
+    rs = None if deterministic else np.random.RandomState(int(rng.integers(0, 2**31 - 1)))
+
+    def draw() -> tuple[np.ndarray, np.ndarray]:
+        if continuous:
+            return rng.standard_normal(size=(bsz, num_samples, action_dim)), np.zeros((bsz, 1))
+        return np.zeros((bsz, num_samples, 1)), rng.gumbel(size=(bsz, num_env_actions))
+
+    sampling = dict(continuous=continuous, num_samples=num_samples, action_dim=action_dim,
+                    uniform_prior=sampled_prior == "uniform")  # fmt: skip
+    normal, gumbel = draw()
+    roots, bounds, slot_legal = [], [], []
+    for b in range(bsz):
+        params = [float(x) for x in root_policy_logits[b]]
+        actions, priors, num_valid = _sample_edges(
+            params, legal=[bool(x) for x in legal_mask[b]], normal=normal[b], gumbel=gumbel[b], **sampling
+        )
+        valid = [k < num_valid for k in range(num_samples)]
+        root, minmax = _make_root(logits=params, legal=valid, value=float(root_value[b]),
+                                  latent=root_latent[b],
+                                  noise=None if noise is None else noise[b], noise_weight=noise_weight,
+                                  discount=discount, priors=priors)  # fmt: skip
+        root.actions = actions
+        roots.append(root)
+        bounds.append(minmax)
+        slot_legal.append(valid)
+    knobs = dict(
+        pb_c_base=pb_c_base,
+        pb_c_init=pb_c_init,
+        discount=discount,
+        value_delta_max=value_delta_max,
+        deterministic=deterministic,
+        tie_break=None if rs is None else (lambda n: rs.randint(0, n)),
+    )
+    with torch.no_grad():
+        for _ in range(num_simulations):
+            paths, slots = [], []
+            for b in range(bsz):
+                node, path = roots[b], [roots[b]]
+                while True:
+                    slot = _puct_edge(node, node is roots[b], slot_legal[b], bounds[b], **knobs)
+                    if node.children[slot] is None:
+                        break
+                    node = node.children[slot]
+                    path.append(node)
+                paths.append(path)
+                slots.append(slot)
+            parent_latent = torch.stack([p[-1].latent for p in paths])
+            chosen = [paths[b][-1].actions[slots[b]] for b in range(bsz)]
+            actions = np.array(chosen, dtype=np.float32) if continuous else np.array(chosen, dtype=np.int64)
+            next_latent, reward, value, params = recurrent_fn(parent_latent, actions)
+            normal, gumbel = draw()
+            for b in range(bsz):
+                p = [float(x) for x in params[b]]
+                acts, priors, _ = _sample_edges(
+                    p, legal=[True] * num_env_actions, normal=normal[b], gumbel=gumbel[b], **sampling
+                )
+                leaf = _expand(paths[b], slots[b], kind=DECISION, reward=float(reward[b]),
+                               value=float(value[b]),
+                               logits=p, latent=next_latent[b].clone(), priors=priors)  # fmt: skip
+                leaf.actions = acts
+                _backup(paths[b], float(value[b]), bounds[b], discount)
+    visit_counts = np.array([[_visits(r, k) for k in range(num_samples)] for r in roots], dtype=np.int32)
+    sampled = np.array([r.actions for r in roots])
+    return SearchOutput(
+        visit_counts=visit_counts,
+        visit_distribution=(visit_counts / visit_counts.sum(axis=1, keepdims=True)).astype(np.float32),
+        root_value=_root_value(roots),
+        root_prior=np.array([r.priors for r in roots], dtype=np.float32),
+        extras={
+            "sampled_actions": sampled.astype(np.float32) if continuous else sampled.astype(np.int64),
+            "sampled_mask": np.array(slot_legal),
         },
     )

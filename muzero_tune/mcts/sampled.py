@@ -1,0 +1,196 @@
+"""Sampled MuZero search (Hubert et al. 2021, "Learning and Planning in Complex Action Spaces"), batched.
+
+What this module owns
+    :class:`SampledSearch`: MuZero's search (:class:`~muzero_tune.mcts.search.MuZeroSearch`, so pUCT,
+    Dirichlet noise, the root's counted visit and the backup are the shared ones) over K actions sampled at
+    every expanded node, for continuous actions (a tanh-squashed Gaussian policy) and discrete ones (K
+    distinct actions by Gumbel-top-K). Its storage :class:`SampledTreeArrays`. The expansion rule is written
+    in :mod:`muzero_tune.mcts.sampled_kernels`; the plain-Python specification is
+    :func:`muzero_tune.mcts.reference.reference_sampled_search`.
+
+Randomness (all from the caller's Generator, so a run is reproducible from its seed)
+    Per :meth:`run`, in this order: if ``add_noise``, ``rng.standard_gamma(dirichlet_alpha, size=(B, K))``
+    (Dirichlet noise over the root's K edges); if not ``deterministic``, one ``rng.integers`` that seeds
+    numba's tie-break RNG; the root's sampling noise; then per simulation the new nodes' sampling noise.
+    Sampling noise is ``rng.standard_normal(size=(B, K, D))`` for continuous actions and
+    ``rng.gumbel(size=(B, A))`` for discrete ones.
+
+Interface
+    ``root_policy_logits`` / the policy part of ``recurrent_fn``'s output are the policy's parameters
+    ``[B, P]``: ``[mu (D), log_sigma (D)]`` for continuous actions (P = 2D), the logits for discrete ones
+    (P = A). ``recurrent_fn`` receives actions ``[B, D] float32`` in [-1, 1] (continuous) or ``[B] int64``
+    (discrete). The output's ``visit_counts`` / ``visit_distribution`` / ``root_prior`` are indexed by
+    sample slot ``[B, K]``; ``extras["sampled_actions"]`` maps slots to actions (``[B, K, D] float32`` or
+    ``[B, K] int64``) and ``extras["sampled_mask"]`` ``[B, K] bool`` marks the valid slots (fewer legal
+    actions than K leave root slots empty), so :func:`~muzero_tune.mcts.search.select_action` picks a slot.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from muzero_tune.mcts import sampled_kernels as smk
+from muzero_tune.mcts.search import MuZeroSearch, _check_latent, _check_shape, _stage
+from muzero_tune.mcts.tree import TreeArrays
+
+SAMPLED_PRIORS = ("uniform", "density")
+ACTION_KINDS = ("discrete", "continuous")
+
+
+class SampledTreeArrays(TreeArrays):
+    """:class:`TreeArrays` over K edges plus the sampled actions and staging (layout: sampled_kernels)."""
+
+    def __init__(self, *, num_samples: int, action_dim: int, num_env_actions: int, num_params: int) -> None:
+        self.action_dim = int(action_dim)
+        self.num_env_actions = int(num_env_actions)
+        self.num_params = int(num_params)
+        super().__init__(num_actions=num_samples)
+
+    def _allocate_extra(self, batch_capacity: int, node_capacity: int) -> None:
+        bc, k, d, a, p = (
+            batch_capacity,
+            self.num_actions,
+            self.action_dim,
+            self.num_env_actions,
+            self.num_params,
+        )
+        self.node_actions = np.zeros((bc, node_capacity, k, d), dtype=np.float64)
+        self.slot_score = np.zeros((bc, k), dtype=np.float64)
+        self.root_params = np.zeros((bc, p), dtype=np.float64)
+        self.leaf_params = np.zeros((bc, p), dtype=np.float64)
+        self.normal_noise = np.zeros((bc, k, d), dtype=np.float64)
+        self.gumbel_noise = np.zeros((bc, a), dtype=np.float64)
+        self.action_legal = np.ones((bc, a), dtype=np.bool_)
+        self.taken = np.zeros((bc, a), dtype=np.bool_)
+
+
+class SampledSearch(MuZeroSearch):
+    """Batched Sampled MuZero search (see the module docstring).
+
+    Args (keyword-only, besides MuZero's pUCT and noise knobs):
+        num_samples: K, the edges sampled at every node (discrete: at most the number of actions).
+        action_kind: ``"continuous"`` or ``"discrete"``.
+        action_dim: D, the continuous action size (1 for discrete).
+        num_actions: A, the number of discrete actions (ignored for continuous).
+        sampled_prior: ``"uniform"`` (1/K per sampled edge, the paper's rule for samples from pi) or
+            ``"density"`` (pi renormalised over the sampled actions).
+    """
+
+    def __init__(
+        self,
+        *,
+        num_samples: int,
+        action_kind: str,
+        num_simulations: int,
+        action_dim: int = 1,
+        num_actions: int = 1,
+        sampled_prior: str = "uniform",
+        **knobs,
+    ) -> None:
+        if action_kind not in ACTION_KINDS:
+            raise ValueError(f"action_kind must be one of {list(ACTION_KINDS)}, got {action_kind!r}")
+        if sampled_prior not in SAMPLED_PRIORS:
+            raise ValueError(f"sampled_prior must be one of {list(SAMPLED_PRIORS)}, got {sampled_prior!r}")
+        continuous = action_kind == "continuous"
+        if num_samples < 1 or (not continuous and num_samples > num_actions):
+            raise ValueError(
+                f"num_samples must be >= 1 (and <= num_actions = {num_actions} for discrete actions), "
+                f"got {num_samples}"
+            )
+        if action_dim < 1:
+            raise ValueError(f"action_dim must be >= 1, got {action_dim}")
+        self.continuous = continuous
+        self.action_dim = int(action_dim) if continuous else 1
+        self.num_env_actions = 1 if continuous else int(num_actions)
+        self.num_params = 2 * self.action_dim if continuous else self.num_env_actions
+        self.sampled_prior = sampled_prior
+        tree = SampledTreeArrays(
+            num_samples=num_samples,
+            action_dim=self.action_dim,
+            num_env_actions=self.num_env_actions,
+            num_params=self.num_params,
+        )
+        super().__init__(num_actions=num_samples, num_simulations=num_simulations, tree=tree, **knobs)
+
+    @property
+    def num_samples(self) -> int:
+        return self._num_actions
+
+    def _stage_roots(self, root_latent, root_policy_logits, legal_mask, root_value) -> int:
+        bsz = int(root_latent.shape[0])
+        _check_shape("root_policy_logits", root_policy_logits, (bsz, self.num_params))
+        if root_value is None:
+            raise ValueError("root_value [B] is required: the root's initial inference is its first visit")
+        t = self._tree
+        t.ensure_capacity(batch_size=bsz, num_nodes=self._num_simulations + 1)
+        if self.continuous:
+            if legal_mask is not None and np.size(legal_mask) and not np.all(legal_mask):
+                raise ValueError("legal_mask must be None or all True for continuous actions")
+            t.action_legal[:bsz] = True
+        else:
+            legal_mask = np.asarray(legal_mask)
+            _check_shape("legal_mask", legal_mask, (bsz, self.num_env_actions))
+            if legal_mask.dtype != np.bool_ or not legal_mask.any(axis=1).all():
+                raise ValueError("legal_mask must be bool with at least one legal action per row")
+            t.action_legal[:bsz] = legal_mask
+        t.root_params[:bsz] = root_policy_logits
+        _stage("root_value", t.root_value[:bsz], np.asarray(root_value))
+        return bsz
+
+    def _draw_sampling_noise(self, bsz: int, rng: np.random.Generator) -> None:
+        t = self._tree
+        if self.continuous:
+            t.normal_noise[:bsz] = rng.standard_normal(size=(bsz, self._num_actions, self.action_dim))
+        else:
+            t.gumbel_noise[:bsz] = rng.gumbel(size=(bsz, self.num_env_actions))
+
+    def _prepare(self, bsz: int, *, add_noise: bool, deterministic: bool, rng: np.random.Generator) -> None:
+        t = self._tree
+        if add_noise:
+            t.root_noise[:bsz] = rng.standard_gamma(self.dirichlet_alpha, size=(bsz, self._num_actions))
+        self._seed_numba(deterministic, rng)
+        self._draw_sampling_noise(bsz, rng)
+        self._rng = rng  # the expansions of this run draw their sampling noise from it
+        smk.prepare_roots(
+            t.children, t.prior, t.kind, t.visit_count, t.value_sum, t.reward, t.raw_value, t.min_value,
+            t.max_value, t.root_legal, t.root_noise, t.root_value, t.node_actions, t.slot_score,
+            t.root_params,
+            t.normal_noise, t.gumbel_noise, t.action_legal, t.taken, bsz, self._num_simulations + 1,
+            self._num_actions, self.action_dim, self.num_env_actions, self.continuous,
+            self.sampled_prior == "uniform", add_noise, self.noise_weight, self.discount,
+        )  # fmt: skip
+
+    def _env_actions(self, bsz: int, nodes: np.ndarray, slots: np.ndarray) -> np.ndarray:
+        """The actions of edges (nodes[b], slots[b]): [B, D] float32 or [B] int64."""
+        a = self._tree.node_actions[np.arange(bsz), nodes, slots]  # [B, D]
+        return a.astype(np.float32) if self.continuous else a[:, 0].astype(np.int64)
+
+    def _expand(self, bsz, sim, latents, batch_index, recurrent_fn, **network_fns) -> None:
+        t = self._tree
+        parent_node = torch.from_numpy(t.sel_parent[:bsz]).to(device=latents.device, dtype=torch.long)
+        parent_latent = latents[parent_node, batch_index]  # [B, *latent_shape]
+        actions = self._env_actions(bsz, t.sel_parent[:bsz], t.sel_action[:bsz])
+        next_latent, reward, value, params = recurrent_fn(parent_latent, actions)
+        _check_latent(next_latent, (bsz, *latents.shape[2:]))
+        latents[sim + 1, :bsz].copy_(next_latent)
+        _stage("reward", t.leaf_reward[:bsz], reward)
+        _stage("value", t.leaf_value[:bsz], value)
+        _stage("policy_params", t.leaf_params[:bsz], params)
+        self._draw_sampling_noise(bsz, self._rng)
+
+    def _backup(self, bsz: int, sim: int) -> None:
+        t = self._tree
+        smk.expand_and_backup(
+            t.children, t.prior, t.kind, t.visit_count, t.value_sum, t.reward, t.raw_value, t.min_value,
+            t.max_value, t.path, t.path_len, t.sel_parent, t.sel_action, t.leaf_reward, t.leaf_value,
+            t.node_actions, t.slot_score, t.leaf_params, t.normal_noise, t.gumbel_noise, t.action_legal,
+            t.taken, sim + 1, bsz, self._num_actions, self.action_dim, self.num_env_actions, self.continuous,
+            self.sampled_prior == "uniform", self.discount,
+        )  # fmt: skip
+
+    def _extras(self, bsz: int, visit_counts: np.ndarray) -> dict[str, np.ndarray]:
+        t = self._tree
+        actions = t.node_actions[:bsz, 0]  # [B, K, D]
+        sampled = actions.astype(np.float32) if self.continuous else actions[..., 0].astype(np.int64)
+        return {"sampled_actions": sampled, "sampled_mask": t.root_legal[:bsz].copy()}
