@@ -2,9 +2,11 @@
 
 * :mod:`.spec` — :class:`EnvSpec` and :func:`stack_frames` (what the model sees).
 * :mod:`.factory` — :func:`validate_env_id`, :func:`make_env`, :func:`env_spec`, errors.
+* :mod:`.actions` — :class:`UnitBoxActions`: the library's [-1, 1] continuous actions <-> env bounds.
 * :mod:`.atari` — ``ALE/<Game>-v5`` preprocessing (imports nothing from ale-py itself).
 """
 
+from muzero_tune.envs.actions import UnitBoxActions, bounds_to_unit, unit_to_bounds
 from muzero_tune.envs.atari import ATARI_FRAME_SIZES_PX, AtariFramePreprocessing, area_resize
 from muzero_tune.envs.factory import (
     SUPPORTED_FAMILIES,
@@ -29,13 +31,16 @@ __all__ = [
     "EnvSpec",
     "MissingDependencyError",
     "SeedOnFirstReset",
+    "UnitBoxActions",
     "UnknownEnvError",
     "UnsupportedEnvError",
     "action_mask_from_info",
     "area_resize",
+    "bounds_to_unit",
     "env_family",
     "env_spec",
     "make_env",
     "stack_frames",
+    "unit_to_bounds",
     "validate_env_id",
 ]

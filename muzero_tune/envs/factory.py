@@ -6,8 +6,9 @@ emits ONE frame per step, and into the :class:`~muzero_tune.envs.spec.EnvSpec` t
 Supported families:
 
 * vector envs: gymnasium classic control (``CartPole-v1``, ``Acrobot-v1``, ``MountainCar-v0``,
-  ``Pendulum-v1``, ``MountainCarContinuous-v0``) and Box2D vector envs (``LunarLander-v3``, ...; need
-  ``gymnasium[box2d]``, which is optional). Frames are float32 ``[D]``.
+  ``Pendulum-v1``, ``MountainCarContinuous-v0``), Box2D vector envs (``LunarLander-v3``,
+  ``LunarLanderContinuous-v3``, ...; the optional ``box2d`` extra: Box2D + pygame) and MuJoCo envs
+  (``InvertedPendulum-v5``, ...; the optional ``mujoco`` extra: mujoco + imageio). Frames are float32 ``[D]``.
 * Atari ``ALE/<Game>-v5`` (need ``ale-py``, the ``muzero-tune[atari]`` extra). Frames are uint8
   ``[1, H, W]`` (grayscale) or ``[3, H, W]`` (RGB); see :mod:`muzero_tune.envs.atari`.
 
@@ -15,6 +16,10 @@ Seeding: ``make_env(..., seed=s)`` wraps the env in :class:`SeedOnFirstReset`, w
 to the first ``reset()`` that does not bring its own seed and seeds ``action_space`` with ``s``. Later
 resets continue the env's RNG stream (gymnasium's rule), so two envs made with the same seed give the same
 observations, rewards and episode boundaries under the same actions, episode after episode.
+
+Continuous actions: every env with a ``Box`` action space is wrapped in
+:class:`~muzero_tune.envs.actions.UnitBoxActions`, so it takes float32 ``[D]`` actions in [-1, 1] (the
+library's convention) and maps them affinely to its own bounds; unbounded action spaces are refused.
 
 Action legality: every supported env has all actions legal at every step, so the collector uses an
 all-ones mask; an env that publishes ``info["action_mask"]`` is honoured through
@@ -36,6 +41,7 @@ import numpy as np
 from gymnasium.spaces import Box, Discrete
 
 from muzero_tune.envs import stochastic as _stochastic  # noqa: F401 (registers its env id)
+from muzero_tune.envs.actions import UnitBoxActions
 from muzero_tune.envs.atari import ATARI_FRAME_SIZES_PX, make_atari_env, sign_reward
 from muzero_tune.envs.spec import EnvSpec
 
@@ -55,7 +61,8 @@ __all__ = [
 
 SUPPORTED_FAMILIES = (
     "classic control (CartPole-v1, Acrobot-v1, MountainCar-v0, Pendulum-v1, MountainCarContinuous-v0); "
-    "Box2D vector envs (LunarLander-v3; needs gymnasium[box2d]); "
+    "Box2D vector envs (LunarLander-v3, LunarLanderContinuous-v3; the box2d extra); "
+    "MuJoCo envs (InvertedPendulum-v5, ...; the mujoco extra); "
     "Atari ALE/<Game>-v5, e.g. ALE/Pong-v5 (needs ale-py)"
 )
 
@@ -63,14 +70,31 @@ _ATARI_ID = re.compile(r"ALE/[A-Za-z0-9]+-v5")
 _VECTOR_ENTRY_PREFIXES = (
     "gymnasium.envs.classic_control.",
     "gymnasium.envs.box2d.",
+    "gymnasium.envs.mujoco.",
     "muzero_tune.envs.stochastic:",
 )
 _BOX2D_ENTRY_PREFIX = "gymnasium.envs.box2d."
+_MUJOCO_ENTRY_PREFIX = "gymnasium.envs.mujoco."
 # CarRacing lives in box2d but emits 96x96 RGB images without the Atari preprocessing path.
 _IMAGE_ENTRY_POINTS = ("gymnasium.envs.box2d.car_racing:CarRacing",)
 
 _ATARI_INSTALL_HINT = 'pip install "muzero-tune[atari]" (or: pip install ale-py)'
-_BOX2D_INSTALL_HINT = 'pip install "gymnasium[box2d]"'
+# Optional extras per entry-point prefix: (extra name, modules it must provide, the install line).
+# gymnasium's box2d package imports pygame (CarRacing) even for LunarLander; its MujocoEnv imports imageio.
+_OPTIONAL_EXTRAS = (
+    (
+        _BOX2D_ENTRY_PREFIX,
+        "box2d",
+        ("Box2D", "pygame"),
+        'pip install -e ".[box2d]" (or: pip install "muzero-tune[box2d]", or "gymnasium[box2d]")',
+    ),
+    (
+        _MUJOCO_ENTRY_PREFIX,
+        "mujoco",
+        ("mujoco", "imageio"),
+        'pip install -e ".[mujoco]" (or: pip install "muzero-tune[mujoco]", or mujoco imageio)',
+    ),
+)
 
 # Indirections so tests can simulate a missing optional dependency without uninstalling it.
 _import_module = importlib.import_module
@@ -136,7 +160,8 @@ def validate_env_id(env_id: str) -> None:
     """Check ``env_id`` without building an env.
 
     Raises:
-        MissingDependencyError: an ``ALE/`` id without ale-py, or a Box2D id without Box2D.
+        MissingDependencyError: an ``ALE/`` id without ale-py, a Box2D id without the ``box2d`` extra, a
+            MuJoCo id without the ``mujoco`` extra (one line naming the extra and how to install it).
         UnknownEnvError: not registered in gymnasium (message names ``env.env_id``, the value, close matches
             and the supported families).
         UnsupportedEnvError: registered but outside the supported families.
@@ -159,12 +184,15 @@ def validate_env_id(env_id: str) -> None:
             f"env.env_id: {env_id!r} is registered but not supported.{_hint(env_id, supported_only=True)}"
         )
     entry_point = gym.registry[env_id].entry_point
-    if (
-        isinstance(entry_point, str)
-        and entry_point.startswith(_BOX2D_ENTRY_PREFIX)
-        and _find_spec("Box2D") is None
-    ):
-        raise MissingDependencyError(f"env.env_id: {env_id!r} needs Box2D: {_BOX2D_INSTALL_HINT}")
+    for prefix, extra, modules, install in _OPTIONAL_EXTRAS:
+        if not (isinstance(entry_point, str) and entry_point.startswith(prefix)):
+            continue
+        missing = [m for m in modules if _find_spec(m) is None]
+        if missing:
+            raise MissingDependencyError(
+                f"env.env_id: {env_id!r} needs the optional {extra} extra (missing: {', '.join(missing)}): "
+                f"{install}"
+            )
 
 
 def _check_options(
@@ -243,6 +271,14 @@ def _make_vector_env(env_id: str, *, clip_rewards: bool, max_episode_steps: int 
         raise UnsupportedEnvError(f"env.env_id: {env_id!r} has an unsupported action space ({action_space}).")
     if space.dtype != np.float32:
         env = _Float32Frames(env)
+    if isinstance(action_space, Box):
+        if not (np.all(np.isfinite(action_space.low)) and np.all(np.isfinite(action_space.high))):
+            env.close()
+            raise UnsupportedEnvError(
+                f"env.env_id: {env_id!r} has unbounded continuous actions ({action_space}); "
+                "only finite Box bounds can be mapped from the library's [-1, 1]"
+            )
+        env = UnitBoxActions(env)
     if clip_rewards:
         env = gym.wrappers.TransformReward(env, sign_reward)
     return env
@@ -261,6 +297,8 @@ def make_env(
     max_episode_steps: int | None = None,
 ) -> gym.Env:
     """Build an env emitting ONE frame per step: float32 ``[D]`` (vector) or uint8 ``[C, H, W]`` (Atari).
+
+    Continuous-action envs take float32 ``[D]`` actions in [-1, 1] (:class:`UnitBoxActions`).
 
     Args:
         env_id: a supported gymnasium id (see :data:`SUPPORTED_FAMILIES`).

@@ -12,6 +12,11 @@ This module owns *what the model sees* and nothing about how environments are bu
 
 Both rules are a single ``reshape`` of a contiguous ``[..., stack, *frame_shape]`` block, so stacking
 never copies when the frames already sit next to each other in memory.
+
+It also owns *what an action is* inside the library (:attr:`EnvSpec.action_shape` /
+:attr:`EnvSpec.action_dtype`): a discrete action is one int64 index (shape ``()``), a continuous one is a
+float32 vector ``[D]`` in [-1, 1] (mapped affinely to the env's bounds only at the env boundary, by
+:mod:`muzero_tune.envs.actions`). Segments, replay, targets and the pipelines carry actions in this form.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-__all__ = ["ActionKind", "EnvSpec", "stack_frames"]
+__all__ = ["ActionKind", "EnvSpec", "random_actions", "stack_frames"]
 
 ActionKind = Literal["discrete", "continuous"]
 
@@ -59,6 +64,17 @@ def stack_frames(frames: Any, *, frame_ndim: int | None = None) -> Any:
     stack_axis = len(shape) - frame_ndim - 1
     leading, stack, frame_shape = shape[:stack_axis], shape[stack_axis], shape[stack_axis + 1 :]
     return frames.reshape((*leading, stack * frame_shape[0], *frame_shape[1:]))
+
+
+def random_actions(
+    rng: np.random.Generator, shape: tuple[int, ...], *, num_actions: int, action_dim: int
+) -> np.ndarray:
+    """Uniform random actions ``[*shape, *action_shape]``: int64 in [0, num_actions) when ``action_dim`` is
+    0 (discrete; the same draw as ``rng.integers(num_actions, size=shape)``), else float32 uniform in
+    [-1, 1] ``[*shape, action_dim]`` (continuous)."""
+    if action_dim > 0:
+        return rng.uniform(-1.0, 1.0, size=(*shape, action_dim)).astype(np.float32)
+    return rng.integers(num_actions, size=shape).astype(np.int64)
 
 
 @dataclass(frozen=True)
@@ -134,3 +150,44 @@ class EnvSpec:
         ``[..., stack, *frame_shape]`` -> ``[..., *obs_shape]``.
         """
         return stack_frames(frames, frame_ndim=self.frame_ndim)
+
+    # ---------------------------------------------------------------- actions
+
+    @property
+    def action_shape(self) -> tuple[int, ...]:
+        """Shape of ONE action inside the library: ``()`` (an index) discrete, ``(D,)`` continuous."""
+        return () if self.action_kind == "discrete" else (self.action_dim,)
+
+    @property
+    def action_dtype(self) -> str:
+        """numpy dtype name of actions inside the library: ``"int64"`` discrete, ``"float32"`` continuous."""
+        return "int64" if self.action_kind == "discrete" else "float32"
+
+    def random_actions(self, rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+        """Uniform random actions ``[*shape, *action_shape]`` (see :func:`random_actions`)."""
+        return random_actions(rng, shape, num_actions=self.num_actions, action_dim=self.action_dim)
+
+    def check_actions(self, actions: Any, batch_size: int, *, source: str = "policy.act") -> np.ndarray:
+        """``actions`` as ``[batch_size, *action_shape]`` of :attr:`action_dtype`, or a ValueError saying
+        what ``source`` returned and what this env needs (continuous: finite and inside [-1, 1])."""
+        arr = np.asarray(actions)
+        want = (batch_size, *self.action_shape)
+        kind_ok = arr.dtype.kind in "iu" if self.action_kind == "discrete" else arr.dtype.kind == "f"
+        if arr.shape != want or not kind_ok:
+            raise ValueError(
+                f"{source} returned actions of shape {arr.shape} and dtype {arr.dtype}; "
+                f"{self.env_id} ({self.action_kind}) needs shape {want} of {self.action_dtype}"
+            )
+        if self.action_kind == "continuous" and not (np.all(np.isfinite(arr)) and np.all(np.abs(arr) <= 1.0)):
+            raise ValueError(
+                f"{source} returned continuous actions outside [-1, 1] (min {arr.min()}, max {arr.max()}); "
+                "actions inside the library live in [-1, 1] (the env wrapper maps them to the env's bounds)"
+            )
+        return arr.astype(self.action_dtype, copy=False)
+
+    def env_action(self, action: Any) -> int | np.ndarray:
+        """One library action as the env takes it: a Python int (discrete) or an owned float32 ``[D]`` copy
+        (continuous; the env wrapper maps [-1, 1] to the env's bounds)."""
+        if self.action_kind == "discrete":
+            return int(action)
+        return np.array(action, dtype=np.float32).reshape(self.action_shape)

@@ -4,6 +4,10 @@ It owns its environments and one :class:`SegmentBuilder` per environment; both l
 calls, so in-flight segments are never dropped and every segment is padded with its true continuation.
 The weights used are fixed for a whole ``collect()`` call (the caller passes the model), and every result
 carries the version of those weights. It never touches the replay buffer.
+
+Actions are in the library's form (``spec.action_shape`` / ``spec.action_dtype``: int64 indices, or
+float32 ``[D]`` in [-1, 1] that the env wrapper maps to the env's bounds); the policy's actions are checked
+against that form every step, so a policy of the wrong kind fails at its first step with a clear message.
 """
 
 from __future__ import annotations
@@ -85,6 +89,8 @@ class SegmentCollector:
                 frame_stack=spec.frame_stack,
                 env_id=i,
                 stream_id=f"{stream}:{i}",
+                action_shape=spec.action_shape,
+                action_dtype=spec.action_dtype,
             )
             for i in range(self.num_envs)
         ]
@@ -134,8 +140,9 @@ class SegmentCollector:
             )
             self._act_state = act.state
             search_s += time.perf_counter() - ts
+            actions = self.spec.check_actions(act.actions, self.num_envs)  # [B] int64 or [B, D] float32
             for i, env in enumerate(self.envs):
-                a = int(act.actions[i])
+                a = self.spec.env_action(actions[i])
                 frame, reward, terminated, truncated, info = env.step(a)
                 stats = {k: v[i] for k, v in act.step_stats.items()}
                 pri = abs(float(act.root_value[i]) - float(act.predicted_value[i])) + 1e-6

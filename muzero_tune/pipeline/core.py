@@ -15,14 +15,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from muzero_tune.config import ConfigError, ExperimentConfig, to_flat_dict
+from muzero_tune.config import ExperimentConfig, to_flat_dict
 from muzero_tune.envs import env_spec
 from muzero_tune.pipeline import schedule
 from muzero_tune.pipeline.checkpoint import to_numpy_tree
 from muzero_tune.pipeline.learner import Learner, LearnOutput
 from muzero_tune.pipeline.messages import CollectResult, EvalResult
 from muzero_tune.pipeline.reporter import Reporter
-from muzero_tune.policies.registry import get_policy_class
+from muzero_tune.policies.base import check_action_kind
+from muzero_tune.policies.registry import get_policy_class, policy_types_for
 from muzero_tune.replay.buffer import ReplayBuffer
 from muzero_tune.replay.targets import reanalyze_positions
 
@@ -86,11 +87,9 @@ def check_policy_env(cfg: ExperimentConfig):
     spec = make_spec(cfg)
     cls = get_policy_class(cfg.policy.type)
     if spec.action_kind not in cls.action_kinds:
-        raise ConfigError(
-            "env.env_id", cfg.env.env_id,
-            f"policy.type '{cfg.policy.type}' needs {' or '.join(cls.action_kinds)} actions and this env has "
-            f"{spec.action_kind} actions (sampled_muzero / sampled_efficientzero handle continuous actions; "
-            f"not implemented yet)",
+        # both ways: a discrete-only type on a continuous env, a continuous-only one on a discrete env
+        check_action_kind(
+            cls, spec, policy_type=cfg.policy.type, alternatives=policy_types_for(spec.action_kind)
         )
     return cls, spec
 

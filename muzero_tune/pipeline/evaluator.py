@@ -2,7 +2,8 @@
 
 Episode j of every evaluation is reset with seed ``seed + j``, so evaluating the same weights twice gives
 the same episodes: an evaluated snapshot's reward can be reproduced from its checkpoint. The evaluator
-never touches the replay buffer or the learner.
+never touches the replay buffer or the learner. Actions are checked against the env's form
+(``spec.check_actions``) like the collector's.
 """
 
 from __future__ import annotations
@@ -82,8 +83,10 @@ class Evaluator:
             act = self.policy.act(model, obs, masks[live], explore=False, temperature=0.0, rng=rng,
                                   state=act_state, env_index=np.asarray(live))
             act_state = act.state
+            actions = self.spec.check_actions(act.actions, len(live))  # [B] int64 or [B, D] float32
             for j, i in enumerate(live):
-                frame, reward, terminated, truncated, info = self.envs[i].step(int(act.actions[j]))
+                env_action = self.spec.env_action(actions[j])
+                frame, reward, terminated, truncated, info = self.envs[i].step(env_action)
                 envsteps += 1
                 returns[i] += float(reward)
                 lengths[i] += 1

@@ -6,6 +6,21 @@ codes), its targets and its loss, plus lifecycle hooks. It holds no weights: mod
 policy object serves the learner, collectors, evaluators and reanalyze alike.
 
 The collector, buffer, learner and drivers call only this interface and never branch on a policy name.
+
+Actions. A policy type declares the env action kinds it supports in :attr:`Policy.action_kinds`
+(``EnvSpec.action_kind`` values: ``"discrete"``, ``"continuous"``); :func:`check_action_kind` refuses any
+other env before anything starts (the drivers and the CLI call it through
+``pipeline.core.check_policy_env``; :meth:`Policy.__init__` calls it too). Actions are in the library's form,
+``EnvSpec.action_shape`` / ``EnvSpec.action_dtype``:
+
+* ``act`` returns ``ActOutput.actions`` ``[B]`` int64 (discrete) or ``[B, D]`` float32 in [-1, 1]
+  (continuous; an env wrapper maps them to the env's bounds, see :mod:`muzero_tune.envs.actions`);
+* segments store ``actions`` ``[M]`` / ``[M, D]``; ``make_batch`` (``replay.targets.make_batch`` with
+  ``action_dim=spec.action_dim``) gives the learner ``TrainBatch.actions`` ``[B, K]`` int64 /
+  ``[B, K, D]`` float32: the actions a_t..a_{t+K-1} the unroll takes.
+* a continuous policy's per-step statistics (e.g. its sampled actions ``[K, D]`` and their visit
+  distribution ``child_visits`` ``[K]``) go in ``step_stats`` like any other; ``legal_mask`` is
+  ``[B, 0]`` for continuous envs (there is nothing to mask).
 """
 
 from __future__ import annotations
@@ -15,6 +30,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from muzero_tune.config import ConfigError
 
 if TYPE_CHECKING:
     import torch
@@ -29,7 +46,7 @@ if TYPE_CHECKING:
 class ActOutput:
     """One batched acting step."""
 
-    actions: np.ndarray  # [B] int64
+    actions: np.ndarray  # [B] int64 (discrete) or [B, D] float32 in [-1, 1] (continuous): spec.action_shape
     step_stats: dict[str, np.ndarray]  # name -> [B, ...]: stored with the transition in its segment
     root_value: np.ndarray  # [B] float32, searched value of the root
     predicted_value: np.ndarray  # [B] float32, the network's value of the root
@@ -50,9 +67,11 @@ class Policy(ABC):
     """A MuZero-family policy type (see the module docstring)."""
 
     name: str = ""
-    action_kinds: tuple[str, ...] = ("discrete",)  # the action spaces this policy type supports
+    # the EnvSpec.action_kind values ("discrete", "continuous") this policy type supports
+    action_kinds: tuple[str, ...] = ("discrete",)
 
     def __init__(self, cfg: ExperimentConfig, spec: EnvSpec):
+        check_action_kind(type(self), spec, policy_type=getattr(cfg.policy, "type", self.name))
         self.cfg = cfg
         self.spec = spec
 
@@ -67,7 +86,7 @@ class Policy(ABC):
         self,
         model: torch.nn.Module,
         obs: np.ndarray,  # [B, *obs_shape] stacked observations
-        legal_mask: np.ndarray,  # [B, A] bool
+        legal_mask: np.ndarray,  # [B, A] bool ([B, 0] for continuous actions)
         *,
         explore: bool,
         temperature: float,
@@ -128,3 +147,27 @@ class Policy(ABC):
         self, model: torch.nn.Module, target_model: torch.nn.Module
     ) -> None:
         """Run by the driver after each completed train budget (one collect's worth of train steps)."""
+
+
+def check_action_kind(
+    policy_cls: type[Policy], spec: EnvSpec, *, policy_type: str, alternatives: tuple[str, ...] | None = None
+) -> None:
+    """Raise :class:`ConfigError` (key ``env.env_id``) when ``policy_cls`` does not support the env's action
+    kind; ``alternatives`` names the policy types that do (``None``: not listed)."""
+    kinds = tuple(getattr(policy_cls, "action_kinds", ()))
+    if spec.action_kind in kinds:
+        return
+    if alternatives is None:
+        others = ""
+    else:
+        others = (
+            f"; policy types for {spec.action_kind} actions: {', '.join(alternatives)}"
+            if alternatives
+            else f"; no implemented policy type supports {spec.action_kind} actions yet"
+        )
+    raise ConfigError(
+        "env.env_id",
+        spec.env_id,
+        f"policy.type '{policy_type}' supports {' or '.join(kinds) or 'no'} actions and this env has "
+        f"{spec.action_kind} actions{others}",
+    )

@@ -179,6 +179,7 @@ class MuZeroPolicy(Policy):
             td_steps=rc.td_steps,
             discount=self.cfg.mcts.discount,
             num_actions=self.spec.num_actions,
+            action_dim=self.spec.action_dim,  # continuous: actions [B, K, D] float32
             value_fn=self.value_fn(target_model),
             rng=rng,
             all_obs=self.cfg.learn.ssl_loss_weight > 0,
@@ -222,7 +223,8 @@ class MuZeroPolicy(Policy):
             return torch.as_tensor(x, device=dev, dtype=dtype)
 
         obs = torch.as_tensor(batch.obs, device=dev)
-        actions = t(batch.actions, torch.long)
+        # [B, K] indices (discrete) or [B, K, D] float32 in [-1, 1] (continuous)
+        actions = t(batch.actions, torch.long if batch.actions.dtype.kind in "iu" else torch.float32)
         tv, tr, tp = t(batch.target_value), t(self.reward_targets(batch)), t(batch.target_policy)
         vmask, rmask, pmask, omask = (
             t(batch.value_mask),

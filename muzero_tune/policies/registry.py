@@ -43,3 +43,9 @@ def get_policy_class(name: str) -> type:
     check_policy_type(name)
     module, cls = _IMPLEMENTED[name].split(":")
     return getattr(importlib.import_module(module), cls)
+
+
+def policy_types_for(action_kind: str) -> tuple[str, ...]:
+    """Implemented policy types whose class supports ``action_kind`` (imports every policy module: call it
+    only to word an error)."""
+    return tuple(name for name in _IMPLEMENTED if action_kind in get_policy_class(name).action_kinds)

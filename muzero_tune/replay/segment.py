@@ -10,6 +10,9 @@ the segment can be rebuilt.
 ``collect()`` calls, so a segment is only emitted once its padding exists (or the episode ended): no
 transition is lost or duplicated, and padding is never invented. This module never touches the replay
 buffer or the network.
+
+Actions are stored in the library's form (:attr:`EnvSpec.action_shape` / :attr:`EnvSpec.action_dtype`):
+``[M]`` int64 indices for discrete envs, ``[M, D]`` float32 vectors in [-1, 1] for continuous ones.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ class GameSegment:
     """
 
     frames: np.ndarray  # [frame_stack - 1 + M + 1, *frame_shape]; a FrameRef once in the replay buffer
-    actions: np.ndarray  # [M] int64
+    actions: np.ndarray  # [M] int64 (discrete) or [M, D] float32 in [-1, 1] (continuous)
     rewards: np.ndarray  # [M] float32, reward received after actions[i]
     stats: dict[str, np.ndarray]  # name -> [M, ...]
     num_real: int  # real transitions; positions >= num_real are padding (the true continuation)
@@ -67,19 +70,33 @@ class SegmentBuilder:
     Call :meth:`reset` with the first frame of an episode, then :meth:`step` once per env step. Both
     return the segments that became complete. A segment [s, s+L) is complete when the trace holds
     L + pad_length transitions from s (its padding is the true continuation), or when the episode ends.
+
+    ``action_shape`` / ``action_dtype`` are one action's shape and dtype (``EnvSpec.action_shape`` /
+    ``EnvSpec.action_dtype``): ``()`` / int64 for discrete envs (the default), ``(D,)`` / float32 for
+    continuous ones; emitted segments carry ``actions`` ``[M, *action_shape]``.
     """
 
     def __init__(
-        self, *, segment_length: int, pad_length: int, frame_stack: int, env_id: int = 0, stream_id: str = ""
+        self,
+        *,
+        segment_length: int,
+        pad_length: int,
+        frame_stack: int,
+        env_id: int = 0,
+        stream_id: str = "",
+        action_shape: tuple[int, ...] = (),
+        action_dtype: str = "int64",
     ):
         self.segment_length = segment_length
         self.pad_length = pad_length  # num_unroll_steps + td_steps
         self.frame_stack = frame_stack
         self.env_id = env_id
         self.stream_id = stream_id
+        self.action_shape = tuple(int(d) for d in action_shape)
+        self.action_dtype = np.dtype(action_dtype)
         self.episode_index = -1
         self._frames: list[np.ndarray] = []  # from obs index start - (frame_stack - 1)
-        self._actions: list[int] = []
+        self._actions: list[int | np.ndarray] = []  # ints (discrete) or owned [D] arrays (continuous)
         self._rewards: list[float] = []
         self._stats: list[dict[str, np.ndarray]] = []
         self._start = 0  # episode step of the next segment's first real transition
@@ -108,7 +125,7 @@ class SegmentBuilder:
     def step(
         self,
         *,
-        action: int,
+        action: int | np.ndarray,
         reward: float,
         next_frame: np.ndarray,
         stats: dict[str, np.ndarray],
@@ -117,8 +134,19 @@ class SegmentBuilder:
         policy_version: int = -1,
         priority: float | None = None,
     ) -> list[GameSegment]:
-        """Record one transition; return the segments it completed (the episode-end flush included)."""
-        self._actions.append(int(action))
+        """Record one transition; return the segments it completed (the episode-end flush included).
+
+        ``action``: an int (discrete) or ``[*action_shape]`` (continuous; copied, so the caller may reuse it).
+        """
+        if self.action_shape:
+            a = np.array(action, dtype=self.action_dtype)
+            if a.shape != self.action_shape:
+                raise ValueError(
+                    f"SegmentBuilder.step: action of shape {a.shape}, expected {self.action_shape}"
+                )
+            self._actions.append(a)
+        else:
+            self._actions.append(int(action))
         self._rewards.append(float(reward))
         self._stats.append(stats)
         self._frames.append(next_frame)
@@ -156,7 +184,9 @@ class SegmentBuilder:
         pri = np.asarray(self._priorities[:num_real], dtype=np.float32)
         seg = GameSegment(
             frames=frames,
-            actions=np.asarray(self._actions[:num_stored], dtype=np.int64),
+            actions=np.asarray(self._actions[:num_stored], dtype=self.action_dtype).reshape(
+                num_stored, *self.action_shape
+            ),
             rewards=np.asarray(self._rewards[:num_stored], dtype=np.float32),
             stats=stats,
             num_real=num_real,

@@ -9,8 +9,11 @@ transitions (real + true-continuation padding) and observations 0..M.
   the bootstrap term dropped when o_{i+n} is the terminal state. Past M: 0 if the data ended in a terminal
   state (absorbing), else unknown (masked out).
 - reward target for step k: r_{t+k}; past M: 0 if terminal, else masked.
-- policy target: the stored (or reanalyzed) visit distribution at i; past M masked.
-- actions past M are uniform random (their targets are absorbing or masked).
+- policy target: the stored (or reanalyzed) visit distribution at i, ``[A]`` for discrete policies or
+  over whatever the policy stored in ``child_visits`` (e.g. its K sampled actions); past M masked.
+- actions a_{t+k}, k = 0..K-1 (what the learner unrolls with), in the library's form: ``[B, K]`` int64
+  (discrete) or ``[B, K, D]`` float32 in [-1, 1] (continuous, ``action_dim`` = D > 0); past M uniform
+  random (their targets are absorbing or masked).
 
 Bootstrap values come from ``value_fn`` (the target model, supplied by the policy): this module never
 imports torch and never mutates the buffer except through the explicit reanalyze write-back.
@@ -23,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from muzero_tune.envs.spec import stack_frames
+from muzero_tune.envs.spec import random_actions, stack_frames
 from muzero_tune.replay.buffer import SampledIndices
 from muzero_tune.replay.segment import GameSegment
 
@@ -37,10 +40,10 @@ class TrainBatch:
     """One learner batch (numpy; the learner moves it to its device)."""
 
     obs: np.ndarray  # [B, K+1 or 1, *obs_shape] stacked observations at t..t+K (clamped to M)
-    actions: np.ndarray  # [B, K] int64
+    actions: np.ndarray  # [B, K] int64 (discrete) or [B, K, D] float32 in [-1, 1] (continuous)
     target_value: np.ndarray  # [B, K+1] float32, raw scalars
     target_reward: np.ndarray  # [B, K] float32, raw scalars
-    target_policy: np.ndarray  # [B, K+1, A] float32
+    target_policy: np.ndarray  # [B, K+1, A] float32 (A: the width of the stored child_visits)
     value_mask: np.ndarray  # [B, K+1] float32
     reward_mask: np.ndarray  # [B, K] float32
     policy_mask: np.ndarray  # [B, K+1] float32
@@ -87,6 +90,7 @@ def make_batch(
     reanalyze_count: int = 0,
     reanalyze_fn: ReanalyzeFn | None = None,
     extra_stats: tuple[str, ...] = (),
+    action_dim: int = 0,
 ) -> TrainBatch:
     """Build the targets of a prioritized sample (vectorised over the batch; :func:`n_step_targets` is the
     per-element definition it must agree with).
@@ -96,7 +100,9 @@ def make_batch(
     ``reanalyze_fn`` (a search with the target model), written back into their segments' stored
     ``child_visits``. ``extra_stats``: names of further per-step statistics (e.g. a Gumbel improved
     policy, chance codes) gathered at t..t+K into ``extras[name]`` [B, K+1, ...], zero past the stored data
-    (``policy_mask`` says where they are real).
+    (``policy_mask`` says where they are real). ``action_dim``: 0 for discrete actions (``num_actions``
+    indices, ``actions`` [B, K] int64); D > 0 for continuous ones (``actions`` [B, K, D] float32 -- pass
+    ``EnvSpec.action_dim``).
     """
     k_steps, td = num_unroll_steps, td_steps
     bsz = len(sample.positions)
@@ -111,9 +117,17 @@ def make_batch(
     width = k_steps + td  # reward window: r_{t} .. r_{t+K+td-1}
     n_obs = k_steps + 1 if all_obs else 1
     rewards = np.zeros((bsz, width), dtype=np.float64)
-    actions = rng.integers(num_actions, size=(bsz, k_steps)).astype(np.int64)  # random past the data
-    target_policy = np.zeros((bsz, k_steps + 1, num_actions), dtype=np.float32)
+    # random past the data; drawn before anything else so discrete batches keep their RNG stream
+    actions = random_actions(rng, (bsz, k_steps), num_actions=num_actions, action_dim=action_dim)
     segs = sample.segments
+    stored_shape = segs[0].actions.shape[1:]
+    if stored_shape != actions.shape[2:]:
+        raise ValueError(
+            f"make_batch: segments store actions of shape [M, *{stored_shape}] but action_dim={action_dim} "
+            f"asks for [M, *{actions.shape[2:]}] (pass action_dim=EnvSpec.action_dim)"
+        )
+    policy_width = segs[0].stats["child_visits"].shape[1:]  # [A] for discrete policies
+    target_policy = np.zeros((bsz, k_steps + 1, *policy_width), dtype=np.float32)
     stored = np.fromiter((s.num_stored for s in segs), dtype=np.int64, count=bsz)  # M per sample
     terminal = np.fromiter((s.terminal_at_end for s in segs), dtype=bool, count=bsz)
     t_pos = np.asarray(sample.positions, dtype=np.int64)
@@ -195,7 +209,8 @@ def reanalyze_positions(
         for i in range(int(t), min(int(t) + span, seg.num_stored)):
             where.append((seg, i))
             obs.append(seg.stacked_obs(np.array([i]))[0])
-            legal.append(seg.stats["legal_mask"][i])
+            # continuous-action policies may store no mask: an empty [0] one is what the collector passes
+            legal.append(seg.stats["legal_mask"][i] if "legal_mask" in seg.stats else np.ones(0, dtype=bool))
     if not where:
         return 0
     frame_ndim = segments[0].frames.ndim - 1
