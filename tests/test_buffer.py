@@ -277,3 +277,31 @@ def test_state_dict_round_trip():
     flat = np.arange(buf.num_transitions)
     for x, y in zip(buf.lookup(flat), other.lookup(flat)):
         np.testing.assert_array_equal(x, y)
+
+
+def test_continuous_actions_through_push_sample_and_a_checkpoint(tmp_path):
+    """[M, D] float32 actions survive push, sampling and the buffer state written into a checkpoint
+    (tensors, ``torch.load(weights_only=True)``), bit for bit."""
+    import torch
+
+    from muzero_tune.pipeline.checkpoint import to_numpy_tree, to_torch_tree
+
+    rng = np.random.default_rng(1)
+    buf = ReplayBuffer(capacity_transitions=100)
+    segs = []
+    for uid in range(4):
+        seg = make_segment(uid, 5 + uid)
+        seg.actions = rng.uniform(-1, 1, size=(seg.num_stored, 2)).astype(np.float32)
+        segs.append(seg)
+    buf.push(segs)
+    sample = buf.sample(16, rng)
+    for seg, pos in zip(sample.segments, sample.positions):
+        assert seg.actions.shape == (seg.num_stored, 2) and seg.actions.dtype == np.float32
+        assert pos < seg.num_real
+    torch.save(to_torch_tree(buf.state_dict()), tmp_path / "buf.pt")
+    state = to_numpy_tree(torch.load(tmp_path / "buf.pt", weights_only=True))
+    other = ReplayBuffer(capacity_transitions=100)
+    other.load_state_dict(state)
+    for a, b in zip(buf.segments, other.segments):
+        assert b.actions.dtype == np.float32
+        np.testing.assert_array_equal(a.actions, b.actions)

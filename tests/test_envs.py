@@ -13,14 +13,17 @@ from muzero_tune.envs import (
     EnvConfigError,
     EnvSpec,
     MissingDependencyError,
+    UnitBoxActions,
     UnknownEnvError,
     UnsupportedEnvError,
     action_mask_from_info,
     area_resize,
+    bounds_to_unit,
     env_spec,
     factory,
     make_env,
     stack_frames,
+    unit_to_bounds,
     validate_env_id,
 )
 
@@ -315,3 +318,148 @@ def test_missing_box2d_says_what_to_install(monkeypatch):
     monkeypatch.setattr(factory, "_find_spec", lambda name: None)
     with pytest.raises(MissingDependencyError, match=r"gymnasium\[box2d\]"):
         validate_env_id("LunarLander-v3")
+
+
+# --- continuous actions ---------------------------------------------------------------------------------
+
+
+class _RecordingBoxEnv(gym.Env):
+    """Records the actions it receives; bounds per component [-2, 2], [0, 10], [5, 5] (degenerate)."""
+
+    metadata: dict = {}
+
+    def __init__(self):
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, shape=(1,), dtype=np.float32)
+        self.action_space = gym.spaces.Box(
+            low=np.array([-2.0, 0.0, 5.0], np.float32), high=np.array([2.0, 10.0, 5.0], np.float32)
+        )
+        self.received: list[np.ndarray] = []
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        self.received.append(np.array(action))
+        return np.zeros(1, np.float32), 0.0, False, False, {}
+
+
+def test_unit_actions_map_affinely_to_the_bounds_and_back():
+    low, high = np.array([-2.0, 0.0, 5.0]), np.array([2.0, 10.0, 5.0])
+    unit = np.array([[-1.0, -1.0, -1.0], [1.0, 1.0, 1.0], [0.0, 0.0, 0.0], [0.5, -0.5, 0.3]])
+    env_actions = unit_to_bounds(unit, low, high)
+    np.testing.assert_allclose(env_actions, [[-2, 0, 5], [2, 10, 5], [0, 5, 5], [1, 2.5, 5]])
+    # back: exact inverse where the bounds are not degenerate; a degenerate component maps to 0
+    back = bounds_to_unit(env_actions, low, high)
+    np.testing.assert_allclose(back[:, :2], unit[:, :2], atol=1e-12)
+    np.testing.assert_array_equal(back[:, 2], 0.0)
+    # out-of-range inputs are clipped in both directions
+    np.testing.assert_allclose(unit_to_bounds([[3.0, -7.0, 9.0]], low, high), [[2, 0, 5]])
+    np.testing.assert_allclose(bounds_to_unit([[-9.0, 11.0, 0.0]], low, high), [[-1, 1, 0]])
+    # the bounds themselves are hit exactly (no float overshoot past high)
+    assert np.all(unit_to_bounds(np.ones(3), low, high) <= high)
+
+
+def test_unit_box_wrapper_is_what_the_env_receives():
+    inner = _RecordingBoxEnv()
+    env = UnitBoxActions(inner)
+    assert env.action_space == gym.spaces.Box(-1.0, 1.0, shape=(3,), dtype=np.float32)
+    env.reset(seed=0)
+    env.step(np.array([1.0, 0.0, -1.0], np.float32))
+    env.step(np.array([-5.0, 2.0, 0.0], np.float32))  # out of range: clipped, never outside the bounds
+    np.testing.assert_allclose(inner.received, [[2.0, 5.0, 5.0], [-2.0, 10.0, 5.0]])
+    assert inner.received[0].dtype == np.float32
+    np.testing.assert_allclose(env.reverse_action(np.array([2.0, 5.0, 5.0])), [1.0, 0.0, 0.0])
+    unbounded = _RecordingBoxEnv()
+    unbounded.action_space = gym.spaces.Box(-np.inf, np.inf, shape=(2,), dtype=np.float32)
+    with pytest.raises(ValueError, match="finite action bounds"):
+        UnitBoxActions(unbounded)
+
+
+def test_pendulum_takes_unit_actions():
+    """Pendulum-v1's torque bounds are [-2, 2]: the library's 0.5 is a torque of 1.0."""
+    env = make_env("Pendulum-v1", seed=0)
+    assert env.action_space == gym.spaces.Box(-1.0, 1.0, shape=(1,), dtype=np.float32)
+    env.reset()
+    env.step(np.array([0.5], np.float32))
+    assert env.unwrapped.last_u == pytest.approx(1.0)
+    env.step(np.array([4.0], np.float32))
+    assert env.unwrapped.last_u == pytest.approx(2.0)
+
+
+def test_spec_action_form_and_checks():
+    pend = env_spec("Pendulum-v1")
+    cart = env_spec("CartPole-v1")
+    assert (pend.action_shape, pend.action_dtype, cart.action_shape, cart.action_dtype) == (
+        (1,), "float32", (), "int64"
+    )
+    rng = np.random.default_rng(0)
+    assert pend.random_actions(rng, (4, 3)).shape == (4, 3, 1)
+    assert cart.random_actions(rng, (5,)).dtype == np.int64
+    # the discrete draw is exactly rng.integers(num_actions, size=...)
+    np.testing.assert_array_equal(
+        cart.random_actions(np.random.default_rng(7), (6,)), np.random.default_rng(7).integers(2, size=6)
+    )
+    np.testing.assert_array_equal(pend.check_actions([[0.5], [-1.0]], 2), [[0.5], [-1.0]])
+    with pytest.raises(ValueError, match=r"needs shape \(2, 1\) of float32"):
+        pend.check_actions(np.zeros(2, np.int64), 2)
+    with pytest.raises(ValueError, match=r"outside \[-1, 1\]"):
+        pend.check_actions([[1.5], [0.0]], 2)
+    with pytest.raises(ValueError, match=r"needs shape \(2,\) of int64"):
+        cart.check_actions(np.zeros((2, 1), np.float32), 2)
+    assert cart.env_action(np.int64(1)) == 1 and isinstance(cart.env_action(np.int64(1)), int)
+    row = np.array([0.25], np.float32)
+    out = pend.env_action(row)
+    assert out.dtype == np.float32 and out is not row
+
+
+CONTINUOUS_ENVS = [
+    ("Pendulum-v1", 3, 1, None),
+    ("MountainCarContinuous-v0", 2, 1, None),
+    ("LunarLanderContinuous-v3", 8, 2, "box2d"),
+    ("InvertedPendulum-v5", 4, 1, "mujoco"),
+]
+
+
+@pytest.mark.parametrize(("env_id", "obs_dim", "action_dim", "extra"), CONTINUOUS_ENVS,
+                         ids=[e[0] for e in CONTINUOUS_ENVS])
+def test_continuous_env_builds_steps_and_seeds(env_id, obs_dim, action_dim, extra):
+    try:
+        validate_env_id(env_id)
+    except MissingDependencyError as err:
+        pytest.skip(f"optional {extra} extra not installed: {err}")
+    spec = env_spec(env_id)
+    assert (spec.action_kind, spec.action_dim, spec.frame_shape, spec.frame_dtype) == (
+        "continuous", action_dim, (obs_dim,), "float32"
+    )
+    actions = np.random.default_rng(0).uniform(-1, 1, size=(60, action_dim)).astype(np.float32)
+    runs = []
+    for _ in range(2):
+        env = make_env(env_id, seed=3)
+        assert env.action_space == gym.spaces.Box(-1.0, 1.0, shape=(action_dim,), dtype=np.float32)
+        frames, rewards, dones = _rollout(env, actions)
+        env.close()
+        assert all(f.dtype == np.float32 and f.shape == (obs_dim,) for f in frames)
+        assert np.all(np.isfinite(rewards))
+        runs.append((frames, rewards, dones))
+    (f1, r1, d1), (f2, r2, d2) = runs
+    np.testing.assert_array_equal(np.stack(f1), np.stack(f2))
+    assert r1 == r2 and d1 == d2
+    other = make_env(env_id, seed=4)
+    assert not np.array_equal(other.reset()[0], f1[0])  # the seed matters
+    other.close()
+
+
+@pytest.mark.parametrize(
+    ("env_id", "missing", "extra"),
+    [("LunarLanderContinuous-v3", "Box2D", "box2d"), ("LunarLander-v3", "pygame", "box2d"),
+     ("InvertedPendulum-v5", "mujoco", "mujoco"), ("InvertedPendulum-v5", "imageio", "mujoco")],
+)
+def test_missing_extra_is_one_line_naming_it(monkeypatch, env_id, missing, extra):
+    real = factory._find_spec
+    monkeypatch.setattr(factory, "_find_spec", lambda name: None if name == missing else real(name))
+    with pytest.raises(MissingDependencyError) as excinfo:
+        make_env(env_id)
+    message = str(excinfo.value)
+    assert "\n" not in message
+    assert f'pip install -e ".[{extra}]"' in message and f"{extra} extra" in message and missing in message

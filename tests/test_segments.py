@@ -3,7 +3,9 @@ environment, are exactly that environment's trajectory -- nothing lost or duplic
 calls, padding is the true continuation, ``done`` / ``terminal_at_end`` / frame-stack windows are right.
 
 A scripted deterministic env makes every transition identifiable: its observation is
-``[env_tag, episode_index, step_index]`` and its reward is the step index.
+``[env_tag, episode_index, step_index]`` and its reward is the step index. Its continuous twin (actions
+float32 ``[D]``) runs the same checks through the collector and the evaluator with a test-only policy that
+acts uniformly at random in [-1, 1] (no continuous policy type exists yet).
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ import numpy as np
 import pytest
 import torch
 
-from muzero_tune.config import make_config
+from muzero_tune.config import ConfigError, make_config
 from muzero_tune.envs.spec import EnvSpec
 from muzero_tune.pipeline.collector import SegmentCollector
+from muzero_tune.pipeline.evaluator import Evaluator
+from muzero_tune.policies.base import ActOutput, Policy
 from muzero_tune.policies.muzero import MuZeroPolicy
 from muzero_tune.replay.segment import GameSegment, SegmentBuilder
 
@@ -42,18 +46,25 @@ class ScriptedEnv(gym.Env):
     """Deterministic episodes of scripted lengths; each ends by termination or truncation per ``ends``.
 
     Observation ``[tag, episode, step]`` (float32), reward = step index of the action. Every transition is
-    logged in ``log`` as (obs, action, reward, next_obs, terminated, truncated).
+    logged in ``log`` as (obs, action, reward, next_obs, terminated, truncated). ``action_dim`` > 0 makes
+    the actions continuous: ``Box(-1, 1, (action_dim,))``, logged as float32 arrays.
     """
 
     metadata: dict = {}
 
-    def __init__(self, tag: int, lengths=EPISODE_LENGTHS, ends=("terminated",), offset: int = 0):
+    def __init__(self, tag: int, lengths=EPISODE_LENGTHS, ends=("terminated",), offset: int = 0,
+                 action_dim: int = 0):
         self.tag = tag
         self.lengths = lengths
         self.ends = ends
         self.offset = offset
+        self.action_dim = action_dim
         self.observation_space = gym.spaces.Box(-np.inf, np.inf, shape=(3,), dtype=np.float32)
-        self.action_space = gym.spaces.Discrete(2)
+        self.action_space = (
+            gym.spaces.Box(-1.0, 1.0, shape=(action_dim,), dtype=np.float32)
+            if action_dim
+            else gym.spaces.Discrete(2)
+        )
         self.episode = -1
         self.step_idx = 0
         self.log: list[tuple] = []
@@ -84,7 +95,8 @@ class ScriptedEnv(gym.Env):
         ended = self.step_idx >= self.episode_length(self.episode)
         terminated = ended and self.episode_end(self.episode) == "terminated"
         truncated = ended and not terminated
-        self.log.append((obs, int(action), reward, nxt, terminated, truncated))
+        logged = np.array(action, dtype=np.float32) if self.action_dim else int(action)
+        self.log.append((obs, logged, reward, nxt, terminated, truncated))
         return nxt, reward, terminated, truncated, {}
 
 
@@ -328,3 +340,157 @@ def test_collector_segments_are_the_trajectory(frame_stack, ends):
     for segs in per_env.values():
         for s in segs:
             np.testing.assert_allclose(s.stats["child_visits"].sum(-1), 1.0, rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------------- continuous actions
+
+ACTION_DIM = 2
+
+
+class RandomUnitPolicy(Policy):
+    """Test-only continuous policy: uniform random actions [B, D] in [-1, 1]; stores, as a sampled policy
+    would, its one "sampled" action ``sampled_actions`` [1, D] with all the visits ``child_visits`` [1]."""
+
+    name = "random_unit"
+    action_kinds = ("continuous",)
+
+    def build_model(self) -> torch.nn.Module:
+        return torch.nn.Linear(1, 1)
+
+    def act(self, model, obs, legal_mask, *, explore, temperature, rng, state=None, env_index=None):
+        b = obs.shape[0]
+        assert legal_mask.shape == (b, 0)  # nothing to mask for continuous actions
+        actions = self.spec.random_actions(rng, (b,))  # [B, D] float32
+        return ActOutput(
+            actions=actions,
+            step_stats={
+                "child_visits": np.ones((b, 1), np.float32),
+                "sampled_actions": actions[:, None, :].copy(),
+                "root_value": np.zeros(b, np.float32),
+            },
+            root_value=np.zeros(b, np.float32),
+            predicted_value=np.zeros(b, np.float32),
+        )
+
+    def make_batch(self, sample, *, target_model, rng, reanalyze_count=0):
+        raise NotImplementedError
+
+    def reanalyze(self, target_model, obs, legal_mask, rng):
+        raise NotImplementedError
+
+    def compute_loss(self, model, batch, *, train_iter):
+        raise NotImplementedError
+
+
+def _continuous_spec(frame_stack: int = 1) -> EnvSpec:
+    return EnvSpec(env_id="ScriptedContinuous-v0", frame_shape=(3,), frame_dtype="float32",
+                   frame_stack=frame_stack, num_actions=0, action_kind="continuous", action_dim=ACTION_DIM)
+
+
+def _small_cfg(frame_stack: int):
+    return make_config("cartpole_muzero", overrides={
+        "env.frame_stack": frame_stack,
+        "replay.game_segment_length": SEG_LEN,
+        "replay.num_unroll_steps": NUM_UNROLL,
+        "replay.td_steps": TD_STEPS,
+        "eval.n_episodes": 5,
+    })
+
+
+@pytest.mark.parametrize(
+    "frame_stack, ends", [(1, ("terminated", "truncated")), (3, ("truncated", "terminated", "terminated"))]
+)
+def test_continuous_collector_segments_are_the_trajectory(frame_stack, ends):
+    """The continuity test above, with float32 [D] actions: lossless across collect() calls, padding the
+    true continuation, and the stored actions exactly what each env received."""
+    spec = _continuous_spec(frame_stack)
+    policy = RandomUnitPolicy(_small_cfg(frame_stack), spec)
+    envs: list[ScriptedEnv] = []
+
+    def make(seed: int) -> ScriptedEnv:
+        env = ScriptedEnv(tag=len(envs), ends=ends, offset=seed % len(EPISODE_LENGTHS), action_dim=ACTION_DIM)
+        envs.append(env)
+        return env
+
+    col = SegmentCollector(policy.cfg, policy, spec, seed=1, num_envs=2, make=make)
+    model = policy.build_model()
+    per_env: dict[int, list[GameSegment]] = {i: [] for i in range(len(envs))}
+    for call in range(30):
+        res = col.collect(model, num_segments=3, temperature=1.0, policy_version=call)
+        for s in res.segments:
+            assert s.actions.dtype == np.float32 and s.actions.shape == (s.num_stored, ACTION_DIM)
+            assert np.all(np.abs(s.actions) <= 1.0)
+            # the per-step statistics travel with their transition (padding included)
+            np.testing.assert_array_equal(s.stats["sampled_actions"][:, 0], s.actions)
+            per_env[s.env_id].append(s)
+        for i, env in enumerate(envs):
+            check_stream(env, per_env[i], col.builders[i].in_flight_transitions, frame_stack)
+    assert all(e.episode >= 4 for e in envs), [e.episode for e in envs]
+    assert any(col.builders[i].in_flight_transitions > 0 for i in range(len(envs)))
+    # distinct random actions: a dropped or shifted transition could not go unnoticed
+    logged = np.concatenate([np.stack([e[1] for e in env.log]) for env in envs])
+    assert len(np.unique(logged[:, 0])) == len(logged)
+
+
+def test_continuous_evaluator_steps_with_unit_actions():
+    """The evaluator runs a continuous policy episode after episode; every env action is in [-1, 1]."""
+    spec = _continuous_spec()
+    policy = RandomUnitPolicy(_small_cfg(1), spec)
+    envs: list[ScriptedEnv] = []
+
+    def make(seed: int) -> ScriptedEnv:
+        env = ScriptedEnv(tag=len(envs), lengths=(4, 7, 3), action_dim=ACTION_DIM)
+        envs.append(env)
+        return env
+
+    ev = Evaluator(policy.cfg, policy, spec, seed=3, num_envs=2, make=make)
+    res = ev.evaluate(policy.build_model(), n_episodes=5, policy_version=4)
+    assert len(res.episode_returns) == 5 and res.policy_version == 4
+    assert res.envsteps == sum(len(e.log) for e in envs) == sum(res.episode_lengths)
+    acts = np.stack([e[1] for env in envs for e in env.log])
+    assert acts.dtype == np.float32 and acts.shape[1] == ACTION_DIM and np.all(np.abs(acts) <= 1.0)
+
+
+def test_policy_of_the_wrong_action_kind_is_refused():
+    """Both directions stop at construction, naming the env, its action kind and what the policy supports;
+    a policy returning actions of the wrong form stops at its first step."""
+    cfg = _small_cfg(1)
+    discrete = EnvSpec(env_id="Scripted-v0", frame_shape=(3,), frame_dtype="float32", frame_stack=1,
+                       num_actions=2, action_kind="discrete")
+    with pytest.raises(ConfigError, match="'random_unit' supports continuous actions and this env has discr"):
+        RandomUnitPolicy(cfg, discrete)
+    with pytest.raises(ConfigError, match="'muzero' supports discrete actions and this env has continuous"):
+        MuZeroPolicy(cfg, _continuous_spec())
+
+    class IndexPolicy(RandomUnitPolicy):  # claims continuous, acts with indices
+        def act(self, *args, **kwargs):
+            out = super().act(*args, **kwargs)
+            return ActOutput(actions=np.zeros(len(out.actions), np.int64), step_stats=out.step_stats,
+                             root_value=out.root_value, predicted_value=out.predicted_value)
+
+    policy = IndexPolicy(cfg, _continuous_spec())
+    col = SegmentCollector(cfg, policy, policy.spec, seed=0, num_envs=2,
+                           make=lambda seed: ScriptedEnv(tag=0, action_dim=ACTION_DIM))
+    with pytest.raises(ValueError, match=r"needs shape \(2, 2\) of float32"):
+        col.collect(policy.build_model(), temperature=1.0)
+
+
+def test_check_policy_env_refuses_both_directions(monkeypatch):
+    """Through the drivers' check (the registry's class, before anything starts): a continuous-only type on
+    CartPole and a discrete-only one on Pendulum, each naming the types that would fit."""
+    from muzero_tune.pipeline.core import check_policy_env
+    from muzero_tune.policies import registry
+
+    # stand in for a continuous-only policy type (none is registered yet)
+    monkeypatch.setitem(registry._IMPLEMENTED, "sampled_muzero", f"{__name__}:RandomUnitPolicy")
+    cfg = make_config("cartpole_muzero", overrides={"policy.type": "sampled_muzero"})
+    fits = "this env has discrete actions; policy types for discrete actions: muzero, efficientzero"
+    with pytest.raises(ConfigError, match=fits):
+        check_policy_env(cfg)
+    cfg = make_config("cartpole_muzero", overrides={"env.env_id": "Pendulum-v1"})
+    with pytest.raises(ConfigError, match="'muzero' supports discrete actions and this env has continuous "
+                                          "actions; policy types for continuous actions: .*sampled_muzero"):
+        check_policy_env(cfg)
+    cls, spec = check_policy_env(make_config("cartpole_muzero", overrides={
+        "policy.type": "sampled_muzero", "env.env_id": "Pendulum-v1"}))
+    assert cls is RandomUnitPolicy and spec.action_shape == (1,)

@@ -427,3 +427,52 @@ def test_extra_stats_are_gathered_per_unroll_step():
             want = s.stats["improved_policy"][t + k] if t + k < s.num_stored else np.zeros(3)
             np.testing.assert_array_equal(got[b, k], want)
             assert batch.policy_mask[b, k] == float(t + k < s.num_stored)
+
+
+# ---------------------------------------------------------------------------------- continuous actions
+
+D = 3  # continuous action dimension
+
+
+def continuous_segment(*, m: int, num_real: int, terminal: bool, salt: float) -> GameSegment:
+    """``hand_segment`` with float32 actions [M, D]: action i = [i, -i, salt] / 100 (recognisable)."""
+    seg = hand_segment(m=m, num_real=num_real, terminal=terminal, done=terminal and m == num_real)
+    i = np.arange(m, dtype=np.float32)
+    seg.actions = (np.stack([i, -i, np.full(m, salt, np.float32)], axis=1) / 100.0).astype(np.float32)
+    seg.stats["legal_mask"] = np.ones((m, 0), dtype=bool)
+    return seg
+
+
+def test_continuous_actions_in_the_batch():
+    """[B, K, D] float32: the stored actions a_t..a_{t+K-1} where they exist, uniform in [-1, 1] past the
+    data; the rest of the targets do not depend on the action kind."""
+    K, td = 3, 2
+    segs = [
+        continuous_segment(m=10, num_real=6, terminal=False, salt=1.0),  # deep inside: all K stored
+        continuous_segment(m=6, num_real=6, terminal=True, salt=2.0),  # t = 4: a_4, a_5, then random
+    ]
+    sample = sample_of(segs, [2, 4])
+    batch = make_batch(sample, num_unroll_steps=K, td_steps=td, discount=0.9, num_actions=0, action_dim=D,
+                       value_fn=lambda obs: np.zeros(len(obs), np.float32), rng=np.random.default_rng(0))
+    assert batch.actions.shape == (2, K, D) and batch.actions.dtype == np.float32
+    np.testing.assert_array_equal(batch.actions[0], segs[0].actions[2:5])
+    np.testing.assert_array_equal(batch.actions[1, :2], segs[1].actions[4:6])
+    past = batch.actions[1, 2]
+    assert np.all(np.abs(past) <= 1.0) and not np.any(np.isin(past, segs[1].actions))
+    assert batch.target_policy.shape == (2, K + 1, A)
+    # the same sample with discrete actions gives the same targets
+    for seg in segs:
+        seg.actions = (np.arange(seg.num_stored) % A).astype(np.int64)
+    ref = make_batch(sample, num_unroll_steps=K, td_steps=td, discount=0.9, num_actions=A,
+                     value_fn=lambda obs: np.zeros(len(obs), np.float32), rng=np.random.default_rng(0))
+    assert ref.actions.shape == (2, K) and ref.actions.dtype == np.int64
+    for name in ("target_value", "target_reward", "target_policy", "value_mask", "reward_mask",
+                 "policy_mask", "obs", "obs_mask"):
+        np.testing.assert_array_equal(getattr(batch, name), getattr(ref, name), err_msg=name)
+
+
+def test_action_dim_must_match_the_stored_actions():
+    seg = continuous_segment(m=6, num_real=4, terminal=False, salt=0.0)
+    with pytest.raises(ValueError, match="action_dim=0"):
+        make_batch(sample_of([seg], [0]), num_unroll_steps=2, td_steps=2, discount=0.9, num_actions=2,
+                   value_fn=lambda obs: np.zeros(len(obs), np.float32), rng=np.random.default_rng(0))

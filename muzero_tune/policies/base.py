@@ -71,7 +71,7 @@ class Policy(ABC):
     action_kinds: tuple[str, ...] = ("discrete",)
 
     def __init__(self, cfg: ExperimentConfig, spec: EnvSpec):
-        check_action_kind(type(self), spec, policy_type=getattr(cfg.policy, "type", self.name))
+        check_action_kind(type(self), spec, policy_type=self.name or type(self).__name__)
         self.cfg = cfg
         self.spec = spec
 
