@@ -1,4 +1,5 @@
-"""Integration: a short sync CartPole run, its checkpoints, resume, the CLI, and no Ray."""
+"""Integration: a short sync CartPole run, its checkpoints, resume, the CLI, and no Ray; a short sync
+Pendulum run with a test-only continuous policy (continuous actions through the whole pipeline)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,20 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
 from muzero_tune.cli import main as cli_main
 from muzero_tune.config import make_config
-from muzero_tune.pipeline.checkpoint import latest_checkpoint, load_policy
+from muzero_tune.pipeline.checkpoint import latest_checkpoint, load_policy, to_numpy_tree
+from muzero_tune.pipeline.core import EVAL_SEED_OFFSET
+from muzero_tune.pipeline.evaluator import Evaluator
 from muzero_tune.pipeline.reporter import MemoryReporter
 from muzero_tune.pipeline.sync_driver import train_muzero_segment
+from muzero_tune.policies import registry
+from muzero_tune.policies.base import ActOutput, LossOutput, Policy
+from muzero_tune.replay.targets import make_batch
 
 SMALL = {
     "model.hidden_dim": 32,
@@ -115,3 +122,75 @@ def test_continuous_env_with_a_discrete_policy_fails_clearly(tmp_path):
     with pytest.raises(ConfigError, match="continuous actions"):
         train_muzero_segment(cfg)
     assert not os.path.exists(os.path.join(str(tmp_path), cfg.exp_name))
+
+
+# ---------------------------------------------------------------------------------- continuous actions
+
+
+class UnitActionPolicy(Policy):
+    """Test-only continuous policy standing in for a sampled type: random actions in [-1, 1]; its 'model'
+    regresses the root value target from the observation and the K unrolled actions, so the learner
+    consumes ``TrainBatch.actions`` [B, K, D] float32."""
+
+    name = "unit_action_test"
+    action_kinds = ("continuous",)
+    seen_batch_actions: list = []
+
+    def build_model(self):
+        k, d = self.cfg.replay.num_unroll_steps, self.spec.action_dim
+        return torch.nn.Linear(self.spec.obs_shape[0] + k * d, 1)
+
+    def act(self, model, obs, legal_mask, *, explore, temperature, rng, state=None, env_index=None):
+        b = obs.shape[0]
+        actions = self.spec.random_actions(rng, (b,))
+        zeros = np.zeros(b, np.float32)
+        stats = {"child_visits": np.ones((b, 1), np.float32), "sampled_actions": actions[:, None].copy(),
+                 "root_value": zeros, "legal_mask": legal_mask}
+        return ActOutput(actions=actions, step_stats=stats, root_value=zeros, predicted_value=zeros)
+
+    def make_batch(self, sample, *, target_model, rng, reanalyze_count=0):
+        rc = self.cfg.replay
+        return make_batch(sample, num_unroll_steps=rc.num_unroll_steps, td_steps=rc.td_steps,
+                          discount=0.97, num_actions=self.spec.num_actions, action_dim=self.spec.action_dim,
+                          value_fn=lambda obs: np.zeros(len(obs), np.float32), rng=rng, all_obs=False,
+                          extra_stats=("sampled_actions",))
+
+    def reanalyze(self, target_model, obs, legal_mask, rng):
+        raise AssertionError("reanalyze is not configured in this test")
+
+    def compute_loss(self, model, batch, *, train_iter):
+        type(self).seen_batch_actions.append(
+            (batch.actions.shape, batch.actions.dtype.name, batch.extras["sampled_actions"].shape)
+        )
+        obs = torch.as_tensor(batch.obs[:, 0])
+        acts = torch.as_tensor(batch.actions).reshape(len(obs), -1)
+        pred = model(torch.cat([obs, acts], dim=1)).squeeze(-1)
+        per = (pred - torch.as_tensor(batch.target_value[:, 0])) ** 2
+        loss = (torch.as_tensor(batch.weights) * per).mean()
+        return LossOutput(loss=loss, per_sample_loss=per.detach(),
+                          priorities=(per.detach().numpy() + 1e-3).astype(np.float32))
+
+
+def test_continuous_sync_run_trains_and_checkpoints_unit_actions(tmp_path, monkeypatch):
+    """Pendulum through the whole sync pipeline with a continuous test policy standing in for a sampled
+    type: the learner gets [B, K, D] float32 actions, the checkpoint (with its replay buffer) holds [M, D]
+    float32 actions in [-1, 1], and its evaluated snapshot re-evaluates to the reported reward."""
+    monkeypatch.setitem(registry._IMPLEMENTED, "sampled_muzero", f"{__name__}:UnitActionPolicy")
+    cfg = make_config("cartpole_muzero", overrides={
+        **SMALL, "env.env_id": "Pendulum-v1", "policy.type": "sampled_muzero", "max_env_step": 300,
+        "env.max_episode_steps": 50, "eval.eval_freq": 10, "tune.save_replay_buffer": True,
+        "replay.buffer_reanalyze_freq": 0, "replay.reanalyze_ratio": 0.0, "learn.batch_size": 16,
+        "logging.output_dir": str(tmp_path), "exp_name": "cont",
+    })
+    summary = train_muzero_segment(cfg)
+    assert summary.train_iter > 0
+    k = cfg.replay.num_unroll_steps
+    assert set(UnitActionPolicy.seen_batch_actions) == {((16, k, 1), "float32", (16, k + 1, 1, 1))}
+    path = latest_checkpoint(os.path.join(str(tmp_path), "cont"))
+    ckpt = torch.load(path, weights_only=True)
+    segs = to_numpy_tree(ckpt["resume"]["buffer"])["segments"]
+    assert segs and all(s["actions"].dtype == np.float32 and s["actions"].shape[1:] == (1,) for s in segs)
+    assert all(np.all(np.abs(s["actions"]) <= 1.0) for s in segs)
+    _, policy, model, _ = load_policy(path)
+    res = Evaluator(cfg, policy, policy.spec, seed=cfg.seed + EVAL_SEED_OFFSET).evaluate(model)
+    assert res.reward_mean == pytest.approx(ckpt["evaluated"]["metrics"]["reward_mean"])
