@@ -194,3 +194,25 @@ def test_continuous_sync_run_trains_and_checkpoints_unit_actions(tmp_path, monke
     _, policy, model, _ = load_policy(path)
     res = Evaluator(cfg, policy, policy.spec, seed=cfg.seed + EVAL_SEED_OFFSET).evaluate(model)
     assert res.reward_mean == pytest.approx(ckpt["evaluated"]["metrics"]["reward_mean"])
+
+
+def test_continuous_async_local_mode_carries_unit_actions(tmp_path, monkeypatch):
+    """The async driver (actors in-process, ``ray_local_mode``): collector results cross the message
+    boundary with [M, D] float32 segments and the learner trains on [B, K, D] batches."""
+    from muzero_tune.pipeline.async_driver import train_muzero_segment_async
+
+    monkeypatch.setitem(registry._IMPLEMENTED, "sampled_muzero", f"{__name__}:UnitActionPolicy")
+    monkeypatch.setattr(UnitActionPolicy, "seen_batch_actions", [])
+    cfg = make_config("cartpole_muzero", overrides={
+        **SMALL, "env.env_id": "Pendulum-v1", "policy.type": "sampled_muzero", "max_env_step": 300,
+        "env.max_episode_steps": 50, "eval.eval_freq": 10, "replay.buffer_reanalyze_freq": 0,
+        "replay.reanalyze_ratio": 0.0, "learn.batch_size": 16, "logging.output_dir": str(tmp_path),
+        "policy.async_pipeline.enabled": True, "policy.async_pipeline.ray_local_mode": True,
+    })
+    out: list = []
+    summary = train_muzero_segment_async(cfg, reporter=MemoryReporter(), driver_out=out)
+    assert summary.stop_reason == "max_env_step" and summary.train_iter > 0 and summary.evals
+    k = cfg.replay.num_unroll_steps
+    assert set(UnitActionPolicy.seen_batch_actions) == {((16, k, 1), "float32", (16, k + 1, 1, 1))}
+    segs = out[0].core.buffer.segments
+    assert segs and all(s.actions.dtype == np.float32 and s.actions.shape == (s.num_stored, 1) for s in segs)

@@ -41,7 +41,7 @@ class WeightsSnapshot:
 class CollectResult:
     """One ``collect()`` call's output; crosses process boundaries in the async pipeline."""
 
-    segments: tuple[GameSegment, ...]
+    segments: tuple[GameSegment, ...]  # actions [M] int64 (discrete) or [M, D] float32 in [-1, 1]
     envstep_delta: int  # env steps taken in this call
     real_transitions: int  # sum of segments' num_real
     policy_version: int  # weights version used for the whole call
