@@ -83,7 +83,8 @@ class Search(abc.ABC):
     * **Transformer world models with caches**: ``recurrent_fn`` owns its key/value cache. Because node
       numbering is fixed (node ``s + 1`` at simulation ``s``), a variant can pass ``parent_node [B] int32``,
       ``new_node: int`` and ``depth [B] int32`` as extra keyword arguments so the model can look up the
-      parent's cache and store the child's; the search itself never touches the cache.
+      parent's cache and store the child's; the search itself never touches the cache. :class:`TreeSearch`
+      does so for a ``recurrent_fn`` whose attribute ``wants_node_ids`` is True (:func:`call_recurrent`).
     """
 
     @property
@@ -291,7 +292,7 @@ class TreeSearch(Search):
         parent_latent = latents[parent_node, batch_index]  # [B, *latent_shape]
         # A fresh int64 array: recurrent_fn may keep it (e.g. to log actions).
         actions = t.sel_action[b].astype(np.int64)  # [B]
-        next_latent, reward, value, logits = recurrent_fn(parent_latent, actions)
+        next_latent, reward, value, logits = call_recurrent(recurrent_fn, parent_latent, actions, t, bsz, sim)
         _check_latent(next_latent, (bsz, *latents.shape[2:]))
         latents[sim + 1, :bsz].copy_(next_latent)
         _stage("reward", t.leaf_reward[b], reward)
@@ -404,6 +405,22 @@ class MuZeroSearch(TreeSearch):
             self._num_actions, self.num_chances, self.pb_c_base, self.pb_c_init, self.discount,
             self.value_delta_max, deterministic, self.chance_edges, self._chance_mode,
         )  # fmt: skip
+
+
+def call_recurrent(recurrent_fn, parent_latent, actions, tree: TreeArrays, bsz: int, sim: int):
+    """``recurrent_fn(parent_latent, actions)``; a ``recurrent_fn`` with the attribute ``wants_node_ids =
+    True`` (transformer world models with per-node caches, see :class:`Search`) also receives
+    ``parent_node`` [B] int32 (the node whose edge is expanded), ``new_node`` (int, ``sim + 1``: the node
+    being created) and ``depth`` [B] int32 (the new node's depth, root = 0), as fresh arrays."""
+    if getattr(recurrent_fn, "wants_node_ids", False):
+        return recurrent_fn(
+            parent_latent,
+            actions,
+            parent_node=tree.sel_parent[:bsz].copy(),
+            new_node=sim + 1,
+            depth=tree.path_len[:bsz].copy(),
+        )
+    return recurrent_fn(parent_latent, actions)
 
 
 def _check_shape(name: str, array: np.ndarray, shape: tuple[int, ...]) -> None:
