@@ -315,7 +315,13 @@ def test_missing_ale_py_says_what_to_install(monkeypatch):
 
 
 def test_missing_box2d_says_what_to_install(monkeypatch):
-    monkeypatch.setattr(factory, "_find_spec", lambda name: None)
+    def no_box2d(name, *args, **kwargs):
+        if name == "Box2D":
+            raise ImportError("No module named 'Box2D'")
+        return real_import(name, *args, **kwargs)
+
+    real_import = factory._import_module
+    monkeypatch.setattr(factory, "_import_module", no_box2d)
     with pytest.raises(MissingDependencyError, match=r"gymnasium\[box2d\]"):
         validate_env_id("LunarLander-v3")
 
@@ -456,8 +462,14 @@ def test_continuous_env_builds_steps_and_seeds(env_id, obs_dim, action_dim, extr
      ("InvertedPendulum-v5", "mujoco", "mujoco"), ("InvertedPendulum-v5", "imageio", "mujoco")],
 )
 def test_missing_extra_is_one_line_naming_it(monkeypatch, env_id, missing, extra):
-    real = factory._find_spec
-    monkeypatch.setattr(factory, "_find_spec", lambda name: None if name == missing else real(name))
+    real_import = factory._import_module
+
+    def fake_import(name, *args, **kwargs):
+        if name == missing:
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(factory, "_import_module", fake_import)
     with pytest.raises(MissingDependencyError) as excinfo:
         make_env(env_id)
     message = str(excinfo.value)

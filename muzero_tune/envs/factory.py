@@ -31,7 +31,6 @@ from __future__ import annotations
 import difflib
 import functools
 import importlib
-import importlib.util
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -98,7 +97,6 @@ _OPTIONAL_EXTRAS = (
 
 # Indirections so tests can simulate a missing optional dependency without uninstalling it.
 _import_module = importlib.import_module
-_find_spec = importlib.util.find_spec
 
 
 class EnvConfigError(ValueError):
@@ -126,6 +124,18 @@ def _ensure_ale_registered() -> None:
             f"env.env_id: Atari ids need the optional dependency ale-py: {_ATARI_INSTALL_HINT}"
         ) from err
     gym.register_envs(ale_py)
+
+
+def _missing_modules(modules: tuple[str, ...]) -> list[str]:
+    """The modules that do not import (an import, not a path lookup: a broken or stubbed-out install counts
+    as missing). Imports are cached, so this costs once per process."""
+    missing = []
+    for name in modules:
+        try:
+            _import_module(name)
+        except ImportError:
+            missing.append(name)
+    return missing
 
 
 def env_family(env_id: str) -> str | None:
@@ -187,7 +197,7 @@ def validate_env_id(env_id: str) -> None:
     for prefix, extra, modules, install in _OPTIONAL_EXTRAS:
         if not (isinstance(entry_point, str) and entry_point.startswith(prefix)):
             continue
-        missing = [m for m in modules if _find_spec(m) is None]
+        missing = _missing_modules(modules)
         if missing:
             raise MissingDependencyError(
                 f"env.env_id: {env_id!r} needs the optional {extra} extra (missing: {', '.join(missing)}): "
