@@ -85,13 +85,13 @@ _OPTIONAL_EXTRAS = (
         _BOX2D_ENTRY_PREFIX,
         "box2d",
         ("Box2D", "pygame"),
-        'pip install -e ".[box2d]" (or: pip install "muzero-tune[box2d]", or "gymnasium[box2d]")',
+        'pip install -e ".[box2d]" (or: pip install "muzero-tune[box2d]" / "gymnasium[box2d]")',
     ),
     (
         _MUJOCO_ENTRY_PREFIX,
         "mujoco",
         ("mujoco", "imageio"),
-        'pip install -e ".[mujoco]" (or: pip install "muzero-tune[mujoco]", or mujoco imageio)',
+        'pip install -e ".[mujoco]" (or: pip install "muzero-tune[mujoco]" / mujoco imageio)',
     ),
 )
 
