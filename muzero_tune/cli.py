@@ -137,6 +137,11 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument(
         "--out", default=None, help="folder for the PNGs (default: <storage>/compare/<experiment>)"
     )
+    cp.add_argument(
+        "--ui-url",
+        default="http://127.0.0.1:5000",
+        help="where `mlflow ui` serves, for the printed links (default http://127.0.0.1:5000)",
+    )
 
     sub.add_parser("presets", help="list presets and their settings")
     sub.add_parser("spaces", help="list named search spaces")
@@ -340,14 +345,19 @@ def _cmd_compare(args: argparse.Namespace) -> int:
             f"`train --set logging.mlflow=true` first, or pass the store's URI"
         )
     out = args.out or os.path.join(storage, "compare", args.experiment)
-    res = compare(uri, args.experiment, out)
+    res = compare(uri, args.experiment, out, ui_url=args.ui_url)
     for p in res["plots"]:
         print(f"[muzero-tune] wrote {p}")
     print(json.dumps(res["summary"], indent=1))
+    port = args.ui_url.rstrip("/").rsplit(":", 1)[-1]
+    port = port if port.isdigit() else "5000"
     print(
-        f"[muzero-tune] plots logged to MLflow run {res['run_id']}; open the UI with: "
-        f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000"
+        f"[muzero-tune] plots and summary table logged to run {res['run_id']} of experiment "
+        f"'{res['compare_experiment']}'; open the UI with: "
+        f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port {port}"
     )
+    print(f"[muzero-tune] trials' chart view (grouped by pipeline): {res['urls']['charts']}")
+    print(f"[muzero-tune] comparison plots: {res['urls']['compare']}")
     return 0
 
 

@@ -134,25 +134,20 @@ class StandaloneReporter:
 
 
 def _standalone_mlflow_run(uri: str, experiment: str, run_dir: str, run_id: str, flat_config: dict):
-    from muzero_tune.tune.mlflow_log import RUN_TAG, TrialRun
+    from muzero_tune.tune.mlflow_log import KIND_TAG, RUN_TAG, TrialRun, run_name, run_tags
 
     artifact_root = os.path.join(os.path.dirname(os.path.abspath(run_dir)), "mlartifacts")
+    folder = os.path.basename(os.path.abspath(run_dir))
     return TrialRun(
         tracking_uri=uri,
         experiment_name=experiment,
         artifact_root=artifact_root,
         trial_id=run_id,
-        run_name=os.path.basename(os.path.abspath(run_dir)),
+        run_name=run_name(flat_config, folder),  # e.g. sync-s1-tiny: pipeline, lag knobs, seed, folder
         params=flat_config,
-        tags={
-            "pipeline": "async" if flat_config.get("policy.async_pipeline.enabled") else "sync",
-            "policy_type": str(flat_config.get("policy.type")),
-            "env_id": str(flat_config.get("env.env_id")),
-            "seed": str(flat_config.get("seed")),
-            "run_dir": os.path.abspath(run_dir),
-            "muzero_tune.kind": "standalone",
-        },
+        tags=run_tags(flat_config, run_dir=os.path.abspath(run_dir), **{KIND_TAG: "standalone"}),
         key_tag=RUN_TAG,
+        description=f"Standalone run `{folder}` (`muzero-tune train`) in `{os.path.abspath(run_dir)}`",
     )
 
 

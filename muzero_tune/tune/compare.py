@@ -1,7 +1,11 @@
 """Compare runs from MLflow: reward_mean against wall-clock and env steps, env steps/s per pipeline.
 
 Reads runs back through ``MlflowClient`` (any tracking URI), draws PNG plots with matplotlib (Agg), and logs
-them as artifacts of a ``compare`` run in the same experiment, so the dashboard shows them beside the runs.
+them with the summary table to a run of the experiment's own comparison experiment ``<experiment>_compare``.
+Kept apart from the trials on purpose: in the trials' experiment the runs table holds only trials, and the
+chart view only their curves (a compare run there put its summary numbers among them as bar charts, and a
+parent run would fold the trials under one row and need to exist before the first trial). The comparison
+experiment shows the plots as image cards in its chart view and the table under the run's artifacts.
 """
 
 from __future__ import annotations
@@ -11,6 +15,15 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from muzero_tune.errors import UserError
+from muzero_tune.tune.mlflow_log import (
+    COMPARE_SUFFIX,
+    DEFAULT_UI_URL,
+    DESCRIPTION_TAG,
+    KIND_TAG,
+    ensure_experiment,
+    experiment_url,
+    run_url,
+)
 
 
 @dataclass
@@ -39,7 +52,7 @@ def read_runs(
         )
     out = []
     for run in client.search_runs([exp.experiment_id]):
-        if run.data.tags.get("muzero_tune.kind") == "compare":
+        if run.data.tags.get(KIND_TAG) == "compare":  # stores from before the comparison experiment
             continue
         rs = RunSeries(run.info.run_id, run.info.run_name or run.info.run_id, dict(run.data.tags))
         for k in keys:
@@ -123,25 +136,101 @@ def summarize(runs: list[RunSeries]) -> dict[str, dict[str, float]]:
     }
 
 
-def compare(tracking_uri: str, experiment: str, out_dir: str, *, log_artifacts: bool = True) -> dict:
-    """Read, plot, log the plots to a ``compare`` run; returns {"plots", "summary", "run_id"}."""
+def summary_rows(summary: dict[str, dict[str, float]]) -> dict[str, list]:
+    """The summary as table columns (``mlflow log_table`` form): one row per pipeline."""
+    pipes = sorted(summary)
+    return {
+        "pipeline": pipes,
+        "runs": [int(summary[p].get("runs", 0)) for p in pipes],
+        "envstep_per_s": [summary[p].get("envstep_per_s", float("nan")) for p in pipes],
+        "reward_best": [summary[p].get("reward_best", float("nan")) for p in pipes],
+    }
+
+
+def compare(
+    tracking_uri: str,
+    experiment: str,
+    out_dir: str,
+    *,
+    log_artifacts: bool = True,
+    ui_url: str = DEFAULT_UI_URL,
+) -> dict:
+    """Read, plot, log the plots and the summary table to a run of ``<experiment>_compare``.
+
+    Returns {"plots", "summary", "run_id", "compare_experiment", "urls"}: ``urls["charts"]`` opens the
+    trials' chart view (grouped by pipeline, reward and throughput first), ``urls["compare"]`` the run.
+    """
+    from mlflow.tracking import MlflowClient
+
     runs = read_runs(tracking_uri, experiment)
     if not runs:
         raise UserError(f"--experiment {experiment}: the MLflow experiment has no runs to compare")
     paths = plot_runs(runs, out_dir)
     summary = summarize(runs)
+    client = MlflowClient(tracking_uri)
+    exp = client.get_experiment_by_name(experiment)
+    # stores written before the shared view existed get it (and the model-training kind) now
+    ensure_experiment(tracking_uri, experiment, exp.artifact_location)
+    urls = {"charts": experiment_url(exp.experiment_id, ui_url=ui_url)}
     run_id = None
+    compare_name = experiment + COMPARE_SUFFIX
     if log_artifacts:
-        from mlflow.tracking import MlflowClient
+        import datetime
 
-        client = MlflowClient(tracking_uri)
-        exp = client.get_experiment_by_name(experiment)
-        run = client.create_run(exp.experiment_id, run_name="compare", tags={"muzero_tune.kind": "compare"})
+        cmp_id = ensure_experiment(
+            tracking_uri,
+            compare_name,
+            exp.artifact_location,  # the same root: run ids keep them apart
+            shared_view=False,
+            description=(
+                f"Sync-vs-async comparison of experiment `{experiment}` "
+                f"([its runs]({experiment_url(exp.experiment_id, ui_url='')})): one run per `muzero-tune "
+                f"compare`, holding the plots (reward vs env steps and vs wall-clock, env steps/s per "
+                f"pipeline) and the summary table (`summary.json`, `summary.csv`)."
+            ),
+            tags={"muzero_tune.compares": experiment, "muzero_tune.compares_id": exp.experiment_id},
+        )
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        pipes = " vs ".join(f"{p} x{int(s.get('runs', 0))}" for p, s in sorted(summary.items()))
+        run = client.create_run(
+            cmp_id,
+            run_name=f"compare-{stamp}",
+            tags={
+                KIND_TAG: "compare",
+                "muzero_tune.compares": experiment,
+                DESCRIPTION_TAG: f"{len(runs)} runs of `{experiment}`: {pipes}",
+            },
+        )
         run_id = run.info.run_id
         for p in paths:
             client.log_artifact(run_id, p, artifact_path="plots")
+            _log_image(client, run_id, p)
+        rows = summary_rows(summary)
+        client.log_table(run_id, data=rows, artifact_file="summary.json")
+        csv_path = os.path.join(out_dir, "summary.csv")
+        with open(csv_path, "w") as f:
+            f.write(",".join(rows) + "\n")
+            for i in range(len(rows["pipeline"])):
+                f.write(",".join(str(rows[k][i]) for k in rows) + "\n")
+        client.log_artifact(run_id, csv_path)
         for pipe, s in summary.items():
             for k, v in s.items():
                 client.log_metric(run_id, f"{pipe}/{k}", v)
         client.set_terminated(run_id)
-    return {"plots": paths, "summary": summary, "run_id": run_id}
+        client.set_experiment_tag(exp.experiment_id, "muzero_tune.compare_experiment", compare_name)
+        urls["compare"] = run_url(cmp_id, run_id, ui_url=ui_url, tab="artifacts")
+    return {
+        "plots": paths,
+        "summary": summary,
+        "run_id": run_id,
+        "compare_experiment": compare_name if log_artifacts else None,
+        "urls": urls,
+    }
+
+
+def _log_image(client, run_id: str, path: str) -> None:
+    """The plot as an MLflow image, so the comparison experiment's chart view shows it as a card."""
+    from PIL import Image
+
+    with Image.open(path) as img:
+        client.log_image(run_id, img.convert("RGB"), key=os.path.splitext(os.path.basename(path))[0], step=0)

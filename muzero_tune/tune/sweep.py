@@ -191,13 +191,34 @@ def run_sweep(
 
     from ray import tune
 
-    from muzero_tune.tune.mlflow_log import default_tracking_uri, ensure_experiment
+    from muzero_tune.tune.mlflow_log import (
+        count_trials,
+        default_tracking_uri,
+        ensure_experiment,
+        sweep_description,
+    )
     from muzero_tune.tune.trainable import make_trainable
 
     tracking_uri = None
     if cfg.tune.mlflow:
         tracking_uri = cfg.tune.mlflow_tracking_uri or default_tracking_uri(storage)
-        ensure_experiment(tracking_uri, name, os.path.join(storage, "mlartifacts"))
+        n_samples = samples or space.num_samples
+        n_trials = n_samples if space.search_alg is not None else count_trials(param_space, n_samples)
+        use_asha = space.asha if scheduler is None else scheduler == "asha"
+        searcher = ("Optuna TPE" if space.search_alg is not None else "grid") + (", ASHA" if use_asha else "")
+        description = sweep_description(
+            name=name, space_name=space_name, space_text=space.description, preset=preset,
+            param_space=param_space, n_trials=n_trials, searcher=searcher,
+            overrides={**space.base_overrides, **(overrides or {})},
+        )  # fmt: skip
+        tags = {
+            "muzero_tune.space": space_name,
+            "muzero_tune.preset": preset,
+            "muzero_tune.trials": str(n_trials),
+        }
+        ensure_experiment(
+            tracking_uri, name, os.path.join(storage, "mlartifacts"), description=description, tags=tags
+        )
     trainable = make_trainable(cfg, sweep_name=name, experiment_name=name, mlflow_uri=tracking_uri)
     exp_path = os.path.join(storage, name)
     os.makedirs(exp_path, exist_ok=True)

@@ -118,13 +118,9 @@ def actor_placement(driver) -> dict:
 
 
 def trial_tags(cfg: ExperimentConfig, sweep_name: str) -> dict[str, str]:
-    return {
-        "pipeline": "async" if cfg.policy.async_pipeline.enabled else "sync",
-        "policy_type": cfg.policy.type,
-        "env_id": cfg.env.env_id,
-        "seed": str(cfg.seed),
-        "sweep": sweep_name,
-    }
+    from muzero_tune.tune.mlflow_log import KIND_TAG, run_tags
+
+    return run_tags(to_flat_dict(cfg), sweep=sweep_name, **{KIND_TAG: "trial"})
 
 
 def run_trial(
@@ -145,16 +141,20 @@ def run_trial(
     ctx = tune.get_context()
     mlflow_run = None
     if mlflow_uri is not None:
-        from muzero_tune.tune.mlflow_log import TrialRun
+        from muzero_tune.tune.mlflow_log import TrialRun, run_name
 
+        flat = to_flat_dict(cfg)
+        name = run_name(flat, ctx.get_trial_id(), swept=config)  # the keys this trial's param_space set
         mlflow_run = TrialRun(
             tracking_uri=mlflow_uri,
             experiment_name=experiment_name,
             artifact_root=artifact_root,
             trial_id=ctx.get_trial_id(),
-            run_name=ctx.get_trial_name(),
-            params=to_flat_dict(cfg),
+            run_name=name,
+            params=flat,
             tags={**trial_tags(cfg, sweep_name), "trial_name": ctx.get_trial_name()},
+            description=f"Trial `{ctx.get_trial_name()}` of sweep `{sweep_name}`: "
+            + ", ".join(f"`{k}={config[k]}`" for k in sorted(config)),
         )
     resume = None
     ckpt = tune.get_checkpoint()
