@@ -277,6 +277,17 @@ class PolicyConfig:
     gumbel_scale: float = param(1.0, "gumbel_muzero: scale of the root Gumbel noise when collecting", ge=0.0)
     gumbel_c_visit: float = param(50.0, "gumbel_muzero: c_visit of the completed-Q transform", gt=0.0)
     gumbel_c_scale: float = param(0.1, "gumbel_muzero: c_scale of the completed-Q transform", gt=0.0)
+    # sampled_muzero, sampled_efficientzero
+    num_samples: int = param(20, "sampled_*: actions sampled at every search node (K)", ge=1)
+    sampled_prior: str = param(
+        "uniform",
+        "sampled_*: prior of the K sampled edges: uniform (1/K, the paper's rule for samples from the "
+        "policy) or density (the policy renormalised over the samples)",
+        choices=("uniform", "density"),
+    )
+    policy_entropy_weight: float = param(
+        5e-3, "sampled_*: weight of the policy entropy bonus in the policy loss", ge=0.0
+    )
     # stochastic_muzero
     chance_space_size: int = param(8, "stochastic_muzero: number of chance outcomes (codebook size)", ge=1)
     afterstate_policy_loss_weight: float = param(
@@ -291,6 +302,37 @@ class PolicyConfig:
         ge=1,
     )
     rnn_hidden_size: int = param(64, "muzero_rnn_full_obs: GRU history state size", ge=1)
+    # unizero (sampled_unizero)
+    world_model_layers: int = param(2, "unizero: transformer layers", ge=1, le=64)
+    world_model_heads: int = param(2, "unizero: attention heads (embed_dim / heads must be even)", ge=1)
+    world_model_embed_dim: int = param(
+        64, "unizero: token size E (observation latents, action embeddings, transformer width)", ge=2
+    )
+    context_tokens: int = param(
+        8,
+        "unizero: a root's context holds the env's last context_tokens // 2 observations and the actions "
+        "between them (the search appends up to max(2K+1, context_tokens+1) tokens, then slides)",
+        ge=2,
+    )
+    positional: str = param(
+        "learned", "unizero: learned absolute positions or rope", choices=("learned", "rope")
+    )
+    latent_norm: str = param(
+        "layernorm",
+        "unizero: observation-latent norm and latent loss: layernorm (MSE) or simnorm (group KL)",
+        choices=("layernorm", "simnorm"),
+    )
+    simnorm_group_size: int = param(8, "unizero: SimNorm group size (divides world_model_embed_dim)", ge=2)
+    latent_loss_weight: float = param(10.0, "unizero: weight of the next-latent loss", ge=0.0)
+    kv_cache: bool = param(
+        True, "unizero: reuse per-env and per-node keys/values (exact either way; False recomputes windows)"
+    )
+    kv_cache_clear_interval: int = param(
+        2000,
+        "unizero: drop an env's cached keys (recomputed from its raw window) every this many episode steps; "
+        "0: never",
+        ge=0,
+    )
     async_pipeline: AsyncPipelineConfig = param(
         default_factory=AsyncPipelineConfig, doc="async segment pipeline"
     )
@@ -466,6 +508,123 @@ PRESETS["cartpole_gumbel_muzero"] = {**PRESETS["cartpole_gumbel_muzero"], "mcts.
 # (dynamics latents pulled towards the re-encoded observations; the reference CartPole config's weight) is
 # on. Seeds 0/1/2 reach eval mean >= 195 at 3.3k/4.3k/6.6k env steps (without it: 29.8k/5.4k/6.6k).
 PRESETS["cartpole_muzero_context"] = {**PRESETS["cartpole_muzero_context"], "learn.ssl_loss_weight": 2.0}
+
+
+# ---------------------------------------------------------------------------------------------- sampled types
+# Sampled MuZero / Sampled EfficientZero (K actions sampled per search node). Continuous tasks: actions in
+# [-1, 1], mapped to the env's bounds by the env wrapper; the reference's Pendulum settings (K 20, segment 50,
+# batch 256, replay_ratio 0.25, 8 collector envs) with 25 simulations and Adam for a 2-core CPU.
+PRESETS["pendulum_sampled_efficientzero"] = {
+    "exp_name": "pendulum_sampled_efficientzero",
+    "policy.type": "sampled_efficientzero",
+    "env.env_id": "Pendulum-v1",  # 200 steps, reward in [-16.3, 0]: returns -1600 .. 0
+    "env.collector_env_num": 8,
+    "env.evaluator_env_num": 8,
+    "model.kind": "mlp",
+    "model.latent_dim": 64,
+    "model.hidden_dim": 128,
+    "model.value_support_size": 50,  # h(1600) = 41.6 fits
+    "model.reward_support_size": 10,  # h(16.3) = 3.1 fits
+    "policy.num_samples": 20,  # K (the reference's; K = 3 or 10 plateau near -600 there)
+    "policy.sampled_prior": "uniform",
+    "policy.policy_entropy_weight": 5e-3,
+    "mcts.num_simulations": 25,
+    "replay.game_segment_length": 50,
+    "replay.num_unroll_steps": 5,
+    "replay.td_steps": 5,
+    "learn.batch_size": 256,
+    "learn.optimizer": "adam",
+    "learn.learning_rate": 1e-3,
+    "learn.weight_decay": 1e-4,
+    "learn.replay_ratio": 0.25,
+    "eval.eval_freq": 2_000,
+    "eval.n_episodes": 8,
+    "max_env_step": 50_000,
+    "stop_value": -250.0,
+}
+PRESETS["pendulum_sampled_muzero"] = {
+    **PRESETS["pendulum_sampled_efficientzero"],
+    "exp_name": "pendulum_sampled_muzero",
+    "policy.type": "sampled_muzero",
+}
+PRESETS["lunarlander_cont_sampled_efficientzero"] = {
+    **PRESETS["pendulum_sampled_efficientzero"],
+    "exp_name": "lunarlander_cont_sampled_efficientzero",
+    "env.env_id": "LunarLanderContinuous-v3",  # the box2d extra; solved at 200
+    "model.value_support_size": 300,
+    "model.reward_support_size": 50,  # shaping rewards up to +-100 (crash / landing)
+    "replay.td_steps": 10,
+    "eval.eval_freq": 10_000,
+    "max_env_step": 1_000_000,
+    "stop_value": 200.0,
+}
+PRESETS["inverted_pendulum_sampled_efficientzero"] = {
+    **PRESETS["pendulum_sampled_efficientzero"],
+    "exp_name": "inverted_pendulum_sampled_efficientzero",
+    "env.env_id": "InvertedPendulum-v5",  # the mujoco extra; reward 1 per step, 1000 steps, solved at 950
+    "model.value_support_size": 50,
+    "model.reward_support_size": 5,
+    "replay.td_steps": 10,
+    "eval.eval_freq": 2_000,
+    "max_env_step": 30_000,
+    "stop_value": 950.0,
+}
+# Discrete sampled search: CartPole with K = |A| = 2 (every action sampled), Pong with K = 3 of its 6 actions.
+PRESETS["cartpole_sampled_muzero"] = {
+    **PRESETS["cartpole_muzero"],
+    "exp_name": "cartpole_sampled_muzero",
+    "policy.type": "sampled_muzero",
+    "policy.num_samples": 2,
+}
+PRESETS["pong_sampled_efficientzero"] = {
+    **PRESETS["pong_muzero"],
+    "exp_name": "pong_sampled_efficientzero",
+    "policy.type": "sampled_efficientzero",
+    "policy.num_samples": 3,
+}
+
+# unizero: the reference's CartPole world model (2 layers, 2 heads, E = 64, K = 5, context 8 tokens,
+# batch 256, 25 simulations, replay_ratio 0.25, clip 5; loss weights latent 10 / value 0.5 / reward 1 /
+# policy 1, entropy 5e-3, EMA target 0.05) on the 2-core machine.
+PRESETS["cartpole_unizero"] = {
+    **PRESETS["cartpole_muzero"],
+    "exp_name": "cartpole_unizero",
+    "policy.type": "unizero",
+    "policy.world_model_layers": 2,
+    "policy.world_model_heads": 2,
+    "policy.world_model_embed_dim": 64,
+    "policy.context_tokens": 8,
+    "policy.policy_entropy_weight": 5e-3,
+    "model.reward_support_size": 50,
+    "learn.grad_clip_norm": 5.0,
+    "learn.value_loss_weight": 0.5,
+    "learn.target_update_tau": 0.05,
+}
+# Pong with the reference's Atari UniZero settings (2 layers, 8 heads, E = 768, K = 10, batch 64, context 8
+# tokens, 601-atom supports, 50 simulations); meant for a GPU learner (learn.device=auto).
+PRESETS["pong_unizero"] = {
+    **PRESETS["pong_muzero"],
+    "exp_name": "pong_unizero",
+    "policy.type": "unizero",
+    "policy.world_model_layers": 2,
+    "policy.world_model_heads": 8,
+    "policy.world_model_embed_dim": 768,
+    "policy.context_tokens": 8,
+    "policy.latent_norm": "simnorm",
+    "policy.policy_entropy_weight": 1e-4,
+    "replay.num_unroll_steps": 10,
+    "replay.td_steps": 5,
+    "learn.batch_size": 64,
+    "learn.optimizer": "adamw",
+    "learn.learning_rate": 1e-4,
+    "learn.lr_schedule": "constant",
+    "learn.weight_decay": 1e-2,
+    "learn.grad_clip_norm": 5.0,
+    "learn.ssl_loss_weight": 0.0,
+    "learn.value_loss_weight": 0.5,
+    "learn.target_update_tau": 0.05,
+    "learn.replay_ratio": 0.25,
+}
 
 
 # ---------------------------------------------------------------------------------------------- overrides

@@ -126,9 +126,7 @@ class MLPEfficientZeroNet(_ValuePrefixMixin, MLPMuZeroNet):
         self.value_prefix_head = _prefix_head(lstm_hidden_size, self.reward_support_size)
 
     def _dynamics_features(self, latent: Tensor, action: Tensor) -> tuple[Tensor, Tensor]:
-        action = self._prepare_action(action, latent.shape[0])
-        one_hot = F.one_hot(action, self.num_actions).to(latent.dtype)  # [B, A]
-        hidden = self.dyn_trunk(torch.cat([latent, one_hot], dim=1))  # [B, W]
+        hidden = self.dyn_trunk(torch.cat([latent, self.action_features(action, latent)], dim=1))  # [B, W]
         next_latent = normalize_latent(self.dyn_latent(hidden))  # [B, latent_dim]
         return next_latent, next_latent
 

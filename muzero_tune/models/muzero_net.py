@@ -256,10 +256,14 @@ class MLPMuZeroNet(MuZeroNetwork):
             raise ValueError(f"expected {self.obs_dim} observation features, got shape {tuple(obs.shape)}")
         return normalize_latent(self.repr_out(self.repr_trunk(x)))  # [B, latent_dim]
 
-    def dynamics(self, latent: Tensor, action: Tensor) -> tuple[Tensor, Tensor]:
+    def action_features(self, action: Tensor, latent: Tensor) -> Tensor:
+        """The dynamics' action input: one-hot [B, A] of [B] integer actions (continuous-action networks
+        override this to take the action vector, see :mod:`muzero_tune.models.sampled_net`)."""
         action = self._prepare_action(action, latent.shape[0])
-        one_hot = F.one_hot(action, self.num_actions).to(latent.dtype)  # [B, A]
-        hidden = self.dyn_trunk(torch.cat([latent, one_hot], dim=1))  # [B, H]
+        return F.one_hot(action, self.num_actions).to(latent.dtype)  # [B, A]
+
+    def dynamics(self, latent: Tensor, action: Tensor) -> tuple[Tensor, Tensor]:
+        hidden = self.dyn_trunk(torch.cat([latent, self.action_features(action, latent)], dim=1))  # [B, H]
         next_latent = normalize_latent(self.dyn_latent(hidden))  # [B, latent_dim]
         return next_latent, self.dyn_reward(hidden)  # [B, 2Sr+1]
 

@@ -185,9 +185,25 @@ class MuZeroPolicy(Policy):
             all_obs=self.cfg.learn.ssl_loss_weight > 0,
             reanalyze_count=reanalyze_count,
             reanalyze_fn=lambda o, m: self.reanalyze(target_model, o, m, rng),
+            extra_stats=self.batch_extra_stats(),
         )
 
+    def batch_extra_stats(self) -> tuple[str, ...]:
+        """Per-step statistics besides the policy target that ``make_batch`` gathers into
+        ``TrainBatch.extras`` [B, K+1, ...] (none for MuZero; e.g. sampled actions)."""
+        return ()
+
     # ---------------------------------------------------------------- loss
+
+    def policy_step_loss(self, policy_logits: torch.Tensor, batch: TrainBatch, k: int, target: torch.Tensor):
+        """[B] policy loss at unroll step k (0 = root) before masking: the cross-entropy of the policy
+        ``policy_logits`` [B, A] against the target ``target`` [B, A] (= ``batch.target_policy[:, k]``)."""
+        return soft_cross_entropy(policy_logits, target)
+
+    def policy_entropy(self, policy_logits: torch.Tensor) -> torch.Tensor:
+        """[B] entropy of the policy that ``policy_logits`` [B, P] describe (``train/policy_entropy``)."""
+        probs = F.softmax(policy_logits.float(), dim=-1)
+        return -(probs * torch.log(probs + 1e-12)).sum(-1)
 
     def reward_targets(self, batch: TrainBatch) -> np.ndarray:
         """[B, K] raw targets of the reward head along the unroll (EfficientZero: value prefixes)."""
@@ -239,7 +255,7 @@ class MuZeroPolicy(Policy):
         value_loss = (
             soft_cross_entropy(root.value_logits, scalar_to_target(tv[:, 0], support_size=vs)) * vmask[:, 0]
         )
-        policy_loss = soft_cross_entropy(root.policy_logits, tp[:, 0]) * pmask[:, 0]
+        policy_loss = self.policy_step_loss(root.policy_logits, batch, 0, tp[:, 0]) * pmask[:, 0]
         reward_loss = torch.zeros_like(value_loss)
         ssl_loss = torch.zeros_like(value_loss)
         use_ssl = lc.ssl_loss_weight > 0 and obs.shape[1] == k_steps + 1
@@ -252,7 +268,7 @@ class MuZeroPolicy(Policy):
                 soft_cross_entropy(rec.value_logits, scalar_to_target(tv[:, k], support_size=vs))
                 * vmask[:, k]
             )
-            step_p = soft_cross_entropy(rec.policy_logits, tp[:, k]) * pmask[:, k]
+            step_p = self.policy_step_loss(rec.policy_logits, batch, k, tp[:, k]) * pmask[:, k]
             step_r = (
                 soft_cross_entropy(rec.reward_logits, scalar_to_target(tr[:, k - 1], support_size=rs))
                 * rmask[:, k - 1]
@@ -282,8 +298,7 @@ class MuZeroPolicy(Policy):
         with torch.no_grad():
             pred_v0 = logits_to_scalar(root.value_logits.float(), support_size=vs)
             priorities = ((pred_v0 - tv[:, 0]).abs() + 1e-6).cpu().numpy().astype(np.float32)
-            probs = F.softmax(root.policy_logits.float(), dim=-1)
-            entropy = -(probs * torch.log(probs + 1e-12)).sum(-1).mean()
+            entropy = self.policy_entropy(root.policy_logits).mean()
         metrics = {
             "train/loss_total": float(loss.detach()),
             "train/loss_policy": float(policy_loss.mean().detach()),

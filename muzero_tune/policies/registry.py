@@ -19,6 +19,8 @@ _IMPLEMENTED: dict[str, str] = {
     "gumbel_muzero": "muzero_tune.policies.gumbel_muzero:GumbelMuZeroPolicy",
     "muzero_context": "muzero_tune.policies.muzero_context:MuZeroContextPolicy",
     "muzero_rnn_full_obs": "muzero_tune.policies.muzero_rnn:MuZeroRNNFullObsPolicy",
+    "sampled_muzero": "muzero_tune.policies.sampled:SampledMuZeroPolicy",
+    "sampled_efficientzero": "muzero_tune.policies.sampled:SampledEfficientZeroPolicy",
 }
 # Being built (issue 6); they move into _IMPLEMENTED when their module lands:
 

@@ -1,0 +1,178 @@
+"""Sampled MuZero and Sampled EfficientZero (Hubert et al. 2021) as policy plug-ins, discrete or continuous.
+
+What differs from :class:`~muzero_tune.policies.muzero.MuZeroPolicy` /
+:class:`~muzero_tune.policies.efficientzero.EfficientZeroPolicy` (everything else is inherited; the sampled
+part is one mixin, :class:`SampledPolicyMixin`, so both types share it):
+
+* **Search** -- :class:`~muzero_tune.mcts.sampled.SampledSearch`: K = ``policy.num_samples`` actions
+  sampled at every node (tanh-Gaussian for continuous actions, Gumbel-top-K without replacement for
+  discrete ones), pUCT with ``policy.sampled_prior`` (``uniform``: 1/K, the paper's beta_hat/beta*pi for
+  samples from pi; ``density``: pi renormalised over the samples), Dirichlet noise over the K edges.
+* **Model** -- discrete: the type's usual network (logits over A). Continuous: the MLP network with the
+  action vector as dynamics input and a Gaussian head ``[mu, log_sigma]``
+  (:mod:`muzero_tune.models.sampled_net`).
+* **Stored per step** -- ``child_visits`` [K] (the visit distribution over the K sampled slots: the policy
+  target), ``sampled_actions`` [K, D] float32 (continuous) / [K] int64 (discrete), ``root_value``,
+  ``legal_mask``. Reanalyze replaces both ``child_visits`` and ``sampled_actions``.
+* **Acting** -- collect samples a slot with probability proportional to visits^(1/T); evaluation takes the
+  most-visited slot. The env action is that slot's sampled action.
+* **Policy loss** -- at every unroll step ``-sum_k p_k log pi(a_k)`` over the stored slots (continuous: the
+  tanh-Gaussian log-density, checked against torch's ``TransformedDistribution``; discrete: log-softmax at
+  the sampled ids), minus ``policy.policy_entropy_weight`` x the policy's entropy (pre-tanh Gaussian /
+  categorical).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from muzero_tune.config import ConfigError
+from muzero_tune.mcts import select_action
+from muzero_tune.mcts.sampled import SampledSearch
+from muzero_tune.models.sampled_net import (
+    MLPGaussianEfficientZeroNet,
+    MLPGaussianMuZeroNet,
+    gaussian_entropy,
+    tanh_gaussian_log_prob,
+)
+from muzero_tune.policies.base import ActOutput
+from muzero_tune.policies.efficientzero import EfficientZeroPolicy
+from muzero_tune.policies.muzero import MuZeroPolicy
+from muzero_tune.replay.targets import TrainBatch
+
+SAMPLED_ACTIONS = "sampled_actions"
+
+
+class SampledPolicyMixin:
+    """The sampled part of a MuZero-style policy (module docstring); put it before the base policy class."""
+
+    action_kinds = ("discrete", "continuous")
+
+    def __init__(self, cfg, spec):
+        if spec.action_kind == "discrete" and cfg.policy.num_samples > spec.num_actions:
+            raise ConfigError(
+                "policy.num_samples", cfg.policy.num_samples, f"at most the env's {spec.num_actions} actions"
+            )
+        super().__init__(cfg, spec)
+
+    @property
+    def continuous(self) -> bool:
+        return self.spec.action_kind == "continuous"
+
+    def _make_search(self):
+        knobs = self._search_knobs()
+        knobs["num_actions"] = 1 if self.continuous else self.spec.num_actions
+        return SampledSearch(
+            num_samples=self.cfg.policy.num_samples,
+            action_kind=self.spec.action_kind,
+            action_dim=max(1, self.spec.action_dim),
+            sampled_prior=self.cfg.policy.sampled_prior,
+            **knobs,
+        )
+
+    def _continuous_network(self) -> type:
+        raise NotImplementedError
+
+    def build_model(self) -> torch.nn.Module:
+        if not self.continuous:
+            return super().build_model()
+        mc = self.cfg.model
+        if mc.kind != "mlp":
+            raise ConfigError("model.kind", mc.kind, "continuous actions need model.kind=mlp")
+        extra = {"lstm_hidden_size": self.cfg.policy.lstm_hidden_size} if self._uses_lstm() else {}
+        return self._continuous_network()(
+            obs_dim=int(np.prod(self.spec.obs_shape)),
+            action_dim=self.spec.action_dim,
+            latent_dim=mc.latent_dim,
+            hidden_dim=mc.hidden_dim,
+            num_hidden_layers=mc.num_hidden_layers,
+            value_support_size=mc.value_support_size,
+            reward_support_size=mc.reward_support_size,
+            projection_dim=mc.projection_dim,
+            **extra,
+        )
+
+    def _uses_lstm(self) -> bool:
+        return False
+
+    # ---------------------------------------------------------------- acting
+
+    def step_stat_names(self) -> tuple[str, ...]:
+        return (*super().step_stat_names(), SAMPLED_ACTIONS)
+
+    def act(
+        self, model, obs, legal_mask, *, explore, temperature, rng, state=None, env_index=None
+    ) -> ActOutput:
+        deterministic = (not explore) and self.cfg.mcts.deterministic_eval
+        out, predicted = self._search_roots(
+            model, obs, legal_mask, add_noise=explore, deterministic=deterministic, rng=rng
+        )
+        slots = select_action(
+            out.visit_counts, temperature=temperature if explore else 0.0, rng=rng, deterministic=not explore
+        )  # [B]
+        sampled = out.extras[SAMPLED_ACTIONS]  # [B, K, D] float32 or [B, K] int64
+        stats = {
+            "child_visits": out.visit_distribution.astype(np.float32),
+            "root_value": out.root_value.astype(np.float32),
+            "legal_mask": np.asarray(legal_mask, dtype=bool),
+            SAMPLED_ACTIONS: sampled,
+        }
+        return ActOutput(
+            actions=sampled[np.arange(len(slots)), slots],
+            step_stats=stats,
+            root_value=out.root_value,
+            predicted_value=predicted,
+        )
+
+    def reanalyze(self, target_model, obs, legal_mask, rng) -> dict[str, np.ndarray]:
+        """Fresh visit distributions and the sampled actions they are over (both written back)."""
+        out, _ = self._search_roots(
+            target_model, obs, legal_mask, add_noise=True, deterministic=False, rng=rng
+        )
+        return {
+            "child_visits": out.visit_distribution.astype(np.float32),
+            SAMPLED_ACTIONS: out.extras[SAMPLED_ACTIONS],
+        }
+
+    # ---------------------------------------------------------------- loss
+
+    def batch_extra_stats(self) -> tuple[str, ...]:
+        return (*super().batch_extra_stats(), SAMPLED_ACTIONS)
+
+    def policy_step_loss(self, policy_logits, batch: TrainBatch, k: int, target: torch.Tensor):
+        """[B] ``-sum_slots p log pi(a_slot) - w_entropy * H(pi)`` at unroll step k (module docstring)."""
+        actions = torch.as_tensor(batch.extras[SAMPLED_ACTIONS][:, k], device=policy_logits.device)
+        if self.continuous:
+            log_prob = tanh_gaussian_log_prob(policy_logits, actions.to(policy_logits.dtype))  # [B, K]
+        else:
+            log_prob = F.log_softmax(policy_logits, dim=-1).gather(1, actions.long())  # [B, K]
+        cross_entropy = -(target * log_prob).sum(-1)
+        return cross_entropy - self.cfg.policy.policy_entropy_weight * self.policy_entropy(policy_logits)
+
+    def policy_entropy(self, policy_logits: torch.Tensor) -> torch.Tensor:
+        if self.continuous:
+            return gaussian_entropy(policy_logits.float())
+        return super().policy_entropy(policy_logits)
+
+
+class SampledMuZeroPolicy(SampledPolicyMixin, MuZeroPolicy):
+    """Sampled MuZero: MuZero with the sampled search (discrete or continuous actions)."""
+
+    name = "sampled_muzero"
+
+    def _continuous_network(self) -> type:
+        return MLPGaussianMuZeroNet
+
+
+class SampledEfficientZeroPolicy(SampledPolicyMixin, EfficientZeroPolicy):
+    """Sampled EfficientZero: EfficientZero's value-prefix LSTM with the sampled search."""
+
+    name = "sampled_efficientzero"
+
+    def _continuous_network(self) -> type:
+        return MLPGaussianEfficientZeroNet
+
+    def _uses_lstm(self) -> bool:
+        return True
