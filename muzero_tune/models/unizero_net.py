@@ -287,6 +287,7 @@ class UniZeroNet(nn.Module):
         *,
         limit: int,
         use_cache: bool = True,
+        tag: tuple | None = None,
     ) -> tuple[Tensor, TokenContext]:
         """Append tokens to each row's window: (outputs at the new tokens [B, n, E], the new context).
 
@@ -296,6 +297,7 @@ class UniZeroNet(nn.Module):
         whose cached keys are missing, marked invalid, or from other weights (the context's tag), and every
         row when ``use_cache`` is False (the result then carries no keys). Other rows attend to their cached
         keys and only the new tokens are computed. Outputs at padded slots (j >= new_len[b]) are meaningless.
+        ``tag``: this model's :func:`weights_tag` if the caller already has it (a search computes it once).
         """
         bsz, n, _ = new.shape
         big_t = self.max_tokens
@@ -303,7 +305,7 @@ class UniZeroNet(nn.Module):
             raise ValueError(f"limit {limit} exceeds max_tokens={big_t}")
         dev = new.device
         new_len = np.full(bsz, n, dtype=np.int64) if new_len is None else np.asarray(new_len, dtype=np.int64)
-        tag = weights_tag(self)
+        tag = weights_tag(self) if tag is None else tag
         same = ctx.tag == tag
         old_len = (
             ctx.length if same else np.zeros(bsz, dtype=np.int64)

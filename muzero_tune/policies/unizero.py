@@ -1,0 +1,466 @@
+"""UniZero (Pu et al. 2024) as a policy plug-in: a transformer world model, MuZero's pUCT search through it.
+
+* **Model** -- :class:`~muzero_tune.models.unizero_net.UniZeroNet` (tokenizer + causal transformer over
+  [o0, a0, o1, a1, ...]).
+* **Acting** -- each env's root is the transformer's output at its current observation token, with the env's
+  last ``policy.context_tokens // 2`` observations and the actions between them as context (the window slides
+  by one (observation, action) pair per step once full). The search is MuZero's (:class:`MuZeroSearch`);
+  its ``recurrent_fn`` appends the edge's action token (reward and next latent heads) and then the predicted
+  observation token (value and policy heads) to the parent node's context, found by node id
+  (``wants_node_ids``, :func:`muzero_tune.mcts.search.call_recurrent`) in a per-node store.
+* **Caches** (``policy.kv_cache``) -- exact by construction, never stale:
+
+  - Per env (:class:`UniZeroActState`, one object per caller, so collectors and evaluators never share one),
+    the context after the previous root is kept with its keys/values, and the next root only computes its two
+    new tokens; per node, the search keeps each node's keys/values and a child computes only its own tokens.
+  - A window that would overflow drops its oldest pair and is recomputed from its raw tokens (never by
+    shifting keys). ``policy.kv_cache_clear_interval`` drops an env's keys every that many episode steps
+    (recomputed from the raw window: outputs unchanged); an episode start empties that env's context.
+  - Every context carries the fingerprint of the weights that computed it
+    (:func:`~muzero_tune.models.kv_cache.weights_tag`: any in-place write to any parameter changes it), so a
+    context from other weights is never used: the env's raw observations and actions of the window are kept
+    and re-encoded with the current weights. :meth:`on_weights_loaded` (actors, after every snapshot) and
+    :meth:`on_train_budget_done` (the driver, after each budget) bump the models' cache epochs and drop the
+    search's node store on top.
+* **Targets** -- MuZero's (:func:`~muzero_tune.replay.targets.make_batch`, all K+1 observations), inside the
+  single buffer owner: bootstrap values and reanalyze searches run the *target* world model from a root
+  without context (the observation alone, position 0 -- a case every training sequence covers).
+* **Loss** -- teacher-forced over the K-step sequence [o_t, a_t, ..., a_{t+K-1}, o_{t+K}] (one transformer
+  pass): next-latent loss against the target model's tokenizer (MSE with LayerNorm latents, group KL with
+  SimNorm), cross-entropy on reward, value and policy, minus a policy entropy bonus (:meth:`compute_loss`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from muzero_tune.config import ConfigError
+from muzero_tune.mcts import select_action
+from muzero_tune.models import logits_to_scalar, logits_to_scalar_np, scalar_to_target
+from muzero_tune.models.kv_cache import NodeContextStore, TokenContext, bump_cache_epoch, weights_tag
+from muzero_tune.models.unizero_net import UniZeroNet, default_max_tokens, token_sequence
+from muzero_tune.policies.base import ActOutput, LossOutput
+from muzero_tune.policies.muzero import MuZeroPolicy, soft_cross_entropy
+from muzero_tune.policies.muzero_context import eval_mode
+from muzero_tune.replay.targets import TrainBatch, make_batch
+
+TARGET_LATENT = "unizero_target_latent"  # TrainBatch.extras: [B, K, E] the target tokenizer's next latents
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class UniZeroActState:
+    """The acting state of one caller's N envs (S = context_tokens // 2 observations per root window).
+
+    step:     [N] int64 act steps since the env's episode start.
+    obs_hist: [N, S-1, *obs_shape] the env's previous observations in the window, oldest first (None before
+              the first step), with ``act_hist`` [N, S-1] int64 (or [N, S-1, D] float32) the action taken at
+              each; ``hist_len`` [N] how many are real (0..S-1).
+    ctx:      the env's context after its previous root ([o..., o_{t-1}] tokens and maybe keys), or None.
+    """
+
+    step: np.ndarray
+    hist_len: np.ndarray
+    obs_hist: np.ndarray | None = None
+    act_hist: np.ndarray | None = None
+    ctx: TokenContext | None = None
+
+    @staticmethod
+    def initial(num_envs: int) -> UniZeroActState:
+        return UniZeroActState(step=np.zeros(num_envs, np.int64), hist_len=np.zeros(num_envs, np.int64))
+
+    def reset(self, env_index: int) -> UniZeroActState:
+        step, hist_len = self.step.copy(), self.hist_len.copy()
+        step[env_index] = hist_len[env_index] = 0
+        ctx = self.ctx
+        if ctx is not None:
+            length = ctx.length.copy()
+            length[env_index] = 0
+            ctx = dataclasses.replace(ctx, length=length).without_cache([env_index])
+        return dataclasses.replace(self, step=step, hist_len=hist_len, ctx=ctx)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Roots:
+    """Root inference of B rows: observation tokens, heads, and their contexts (for the search)."""
+
+    latent: torch.Tensor  # [B, E] observation tokens o_t
+    value_logits: torch.Tensor  # [B, 2Sv+1]
+    policy_logits: torch.Tensor  # [B, P]
+    ctx: TokenContext  # B rows: the root windows ending at o_t
+
+
+class UniZeroPolicy(MuZeroPolicy):
+    """UniZero on discrete actions (module docstring)."""
+
+    name = "unizero"
+
+    def __init__(self, cfg, spec):
+        super().__init__(cfg, spec)
+        pc = cfg.policy
+        e, h = pc.world_model_embed_dim, pc.world_model_heads
+        if e % h or (e // h) % 2:
+            raise ConfigError(
+                "policy.world_model_heads", h, f"world_model_embed_dim={e} must split into heads of even size"
+            )
+        if pc.latent_norm == "simnorm" and e % pc.simnorm_group_size:
+            raise ConfigError(
+                "policy.simnorm_group_size", pc.simnorm_group_size, f"must divide world_model_embed_dim={e}"
+            )
+        self.context_obs = max(pc.context_tokens // 2, 1)  # S: observations in a root window
+        self.root_limit = 2 * self.context_obs - 1  # tokens of a full root window
+        self.max_tokens = default_max_tokens(cfg.replay.num_unroll_steps, pc.context_tokens)
+        self.use_cache = bool(pc.kv_cache)
+        self._nodes = NodeContextStore()
+
+    # ---------------------------------------------------------------- model
+
+    def build_model(self) -> UniZeroNet:
+        mc, pc = self.cfg.model, self.cfg.policy
+        return UniZeroNet(
+            obs_shape=tuple(self.spec.obs_shape),
+            num_actions=self.spec.num_actions,
+            action_dim=self.spec.action_dim,
+            kind=mc.kind,
+            embed_dim=pc.world_model_embed_dim,
+            num_layers=pc.world_model_layers,
+            num_heads=pc.world_model_heads,
+            max_tokens=self.max_tokens,
+            positional=pc.positional,
+            latent_norm=pc.latent_norm,
+            simnorm_group_size=pc.simnorm_group_size,
+            hidden_dim=mc.hidden_dim,
+            num_channels=mc.num_channels,
+            num_res_blocks=mc.num_res_blocks,
+            downsample=mc.downsample,
+            value_support_size=mc.value_support_size,
+            reward_support_size=mc.reward_support_size,
+        )
+
+    # ---------------------------------------------------------------- acting state and hooks
+
+    def initial_act_state(self, num_envs: int) -> UniZeroActState:
+        return UniZeroActState.initial(num_envs)
+
+    def reset_act_state(self, state: UniZeroActState, env_index: int) -> UniZeroActState:
+        return state.reset(env_index)
+
+    def on_weights_loaded(self, model) -> None:
+        """After a snapshot load: no context or node of the old weights can be used again."""
+        bump_cache_epoch(model)
+        self._nodes.clear()
+
+    def on_train_budget_done(self, model, target_model) -> None:
+        """The driver's side after each train budget: the trained and target models' caches are void."""
+        bump_cache_epoch(model)
+        bump_cache_epoch(target_model)
+        self._nodes.clear()
+
+    # ---------------------------------------------------------------- roots
+
+    def _action_tensor(self, actions: np.ndarray, dev: torch.device) -> torch.Tensor:
+        dtype = torch.float32 if self.spec.action_dim > 0 else torch.long
+        return torch.as_tensor(np.asarray(actions), device=dev, dtype=dtype)
+
+    def _rebuild(self, model: UniZeroNet, state: UniZeroActState) -> TokenContext:
+        """Every env's pre-root context re-encoded from its raw window with the current weights (no keys)."""
+        n = state.step.shape[0]
+        dev = self._device(model)
+        dtype = model.ln_f.weight.dtype
+        ctx = TokenContext.empty(n, max_tokens=model.max_tokens, embed_dim=model.embed_dim, device=dev,
+                                 dtype=dtype)  # fmt: skip
+        if state.obs_hist is None or not state.hist_len.any():
+            return dataclasses.replace(ctx, tag=weights_tag(model))
+        s1 = state.obs_hist.shape[1]
+        z = model.encode(torch.as_tensor(state.obs_hist, device=dev).flatten(0, 1)).view(n, s1, -1)
+        a = model.embed_action(self._action_tensor(state.act_hist, dev).flatten(0, 1)).view(n, s1, -1)
+        seq = token_sequence(z, a[:, :-1]) if s1 > 1 else z  # [N, 2(S-1)-1, E]: o, a, ..., o
+        tokens = ctx.tokens.clone()
+        tokens[:, : seq.shape[1]] = seq
+        length = np.where(state.hist_len > 0, 2 * state.hist_len - 1, 0)
+        # rows with hist_len < S-1 keep their history left-aligned: obs_hist is filled from slot 0
+        return TokenContext(tokens, length, None, None, np.zeros(n, bool), weights_tag(model))
+
+    def root_inference(
+        self, model: UniZeroNet, obs: torch.Tensor, state: UniZeroActState, env_index: np.ndarray
+    ) -> tuple[Roots, TokenContext]:
+        """Roots of the envs ``env_index`` [B] at observations ``obs`` [B, *obs_shape] (eval mode, no grad),
+        and the pre-root contexts of all N envs they were built from (re-encoded from the raw windows when
+        the state's were computed by other weights)."""
+        ctx_all = state.ctx
+        if ctx_all is None or ctx_all.tag != weights_tag(model):
+            ctx_all = self._rebuild(model, state)
+        ctx = ctx_all.rows(env_index)
+        interval = self.cfg.policy.kv_cache_clear_interval
+        step = state.step[env_index]
+        if interval > 0:
+            ctx = ctx.without_cache(np.flatnonzero((step > 0) & (step % interval == 0)))
+        z = model.encode(obs)  # [B, E]
+        bsz = z.shape[0]
+        cont = (step > 0) & (state.hist_len[env_index] > 0)
+        new = torch.zeros((bsz, 2, z.shape[1]), dtype=z.dtype, device=z.device)
+        new_len = np.where(cont, 2, 1)
+        rows = np.flatnonzero(cont)
+        if rows.size:
+            last = state.hist_len[env_index[rows]] - 1
+            prev = state.act_hist[env_index[rows], last]  # a_{t-1}
+            tr = torch.as_tensor(rows, device=z.device)
+            new[tr, 0] = model.embed_action(self._action_tensor(prev, z.device)).to(z.dtype)
+            new[tr, 1] = z[tr]
+        start = np.flatnonzero(~cont)
+        if start.size:
+            new[torch.as_tensor(start, device=z.device), 0] = z[torch.as_tensor(start, device=z.device)]
+            length = ctx.length.copy()
+            length[start] = 0
+            ctx = dataclasses.replace(ctx, length=length)
+        hidden, root_ctx = model.extend(ctx, new, new_len, limit=self.root_limit, use_cache=self.use_cache)
+        h = hidden[torch.arange(bsz, device=z.device), torch.as_tensor(new_len - 1, device=z.device)]
+        heads = model.obs_heads(h)
+        return Roots(z, heads.value_logits, heads.policy_logits, root_ctx), ctx_all
+
+    def _advanced(
+        self, state, env_index, obs, actions, roots: Roots, ctx_all: TokenContext
+    ) -> UniZeroActState:
+        """The state after envs ``env_index`` searched from ``roots`` at ``obs`` and took ``actions``."""
+        s1 = self.context_obs - 1
+        n = state.step.shape[0]
+        step, hist_len = state.step.copy(), state.hist_len.copy()
+        step[env_index] += 1
+        obs_hist, act_hist = state.obs_hist, state.act_hist
+        if s1 > 0:
+            if obs_hist is None:
+                obs_hist = np.zeros((n, s1, *obs.shape[1:]), dtype=obs.dtype)
+                act_hist = np.zeros((n, s1, *actions.shape[1:]), dtype=actions.dtype)
+            else:
+                obs_hist, act_hist = obs_hist.copy(), act_hist.copy()
+            for r, i in enumerate(env_index):
+                h = int(hist_len[i]) if state.step[i] > 0 else 0
+                if h == s1:  # full: the oldest observation leaves the window
+                    obs_hist[i, :-1], act_hist[i, :-1] = obs_hist[i, 1:].copy(), act_hist[i, 1:].copy()
+                    h -= 1
+                obs_hist[i, h], act_hist[i, h] = obs[r], actions[r]
+                hist_len[i] = h + 1
+        return UniZeroActState(step, hist_len, obs_hist, act_hist, ctx_all.with_rows(env_index, roots.ctx))
+
+    # ---------------------------------------------------------------- search
+
+    def _recurrent_fn(self, model: UniZeroNet):
+        dev = self._device(model)
+        nodes, use_cache, limit = self._nodes, self.use_cache, model.max_tokens
+        tag = weights_tag(model)  # fixed for the whole search
+
+        def fn(latent, actions, *, parent_node, new_node, depth):
+            ctx = nodes.gather(parent_node)
+            a = model.embed_action(self._action_tensor(actions, dev))[:, None]
+            h1, ctx1 = model.extend(ctx, a.to(ctx.tokens.dtype), limit=limit, use_cache=use_cache, tag=tag)
+            act = model.action_heads(h1[:, 0])
+            h2, ctx2 = model.extend(ctx1, act.next_latent[:, None], limit=limit, use_cache=use_cache, tag=tag)
+            obs_out = model.obs_heads(h2[:, 0])
+            nodes.put(new_node, ctx2)
+            reward = logits_to_scalar_np(act.reward_logits.float().cpu().numpy(),
+                                         support_size=model.reward_support_size)  # fmt: skip
+            value = logits_to_scalar_np(obs_out.value_logits.float().cpu().numpy(),
+                                        support_size=model.value_support_size)  # fmt: skip
+            return act.next_latent, reward, value, obs_out.policy_logits.float().cpu().numpy()
+
+        fn.wants_node_ids = True
+        return fn
+
+    def _search_from(self, model, roots: Roots, legal_mask, *, add_noise, deterministic, rng):
+        predicted = logits_to_scalar(roots.value_logits.float(), support_size=model.value_support_size)
+        self._nodes.reset(roots.ctx, num_nodes=self.cfg.mcts.num_simulations + 1)
+        out = self._search.run(
+            root_latent=roots.latent,
+            root_policy_logits=roots.policy_logits.float().cpu().numpy(),
+            legal_mask=np.asarray(legal_mask, dtype=bool),
+            recurrent_fn=self._recurrent_fn(model),
+            add_noise=add_noise,
+            deterministic=deterministic,
+            rng=rng,
+            root_value=predicted.cpu().numpy(),
+        )
+        return out, predicted.cpu().numpy().astype(np.float32)
+
+    def act(
+        self, model, obs, legal_mask, *, explore, temperature, rng, state=None, env_index=None
+    ) -> ActOutput:
+        batch = len(obs)
+        if state is None:  # a caller without acting state: every row starts an episode
+            state, env_index = self.initial_act_state(batch), None
+        env_index = np.arange(batch) if env_index is None else np.asarray(env_index, dtype=np.int64)
+        if env_index.shape != (batch,):
+            raise ValueError(f"env_index must have shape ({batch},), got {env_index.shape}")
+        deterministic = (not explore) and self.cfg.mcts.deterministic_eval
+        with eval_mode(model):
+            obs_t = torch.as_tensor(obs, device=self._device(model))
+            roots, ctx_all = self.root_inference(model, obs_t, state, env_index)
+            out, predicted = self._search_from(
+                model, roots, legal_mask, add_noise=explore, deterministic=deterministic, rng=rng
+            )
+        actions = select_action(
+            out.visit_counts, temperature=temperature if explore else 0.0, rng=rng, deterministic=not explore
+        ).astype(np.int64)
+        stats = {
+            "child_visits": out.visit_distribution.astype(np.float32),
+            "root_value": out.root_value.astype(np.float32),
+            "legal_mask": np.asarray(legal_mask, dtype=bool),
+        }
+        return ActOutput(
+            actions=actions,
+            step_stats=stats,
+            root_value=out.root_value,
+            predicted_value=predicted,
+            state=self._advanced(state, env_index, np.asarray(obs), actions, roots, ctx_all),
+        )
+
+    def _context_free_roots(self, model: UniZeroNet, obs: torch.Tensor) -> Roots:
+        z = model.encode(obs)
+        empty = TokenContext.empty(len(z), max_tokens=model.max_tokens, embed_dim=model.embed_dim,
+                                   device=z.device, dtype=z.dtype)  # fmt: skip
+        hidden, ctx = model.extend(empty, z[:, None], limit=self.root_limit, use_cache=self.use_cache)
+        heads = model.obs_heads(hidden[:, 0])
+        return Roots(z, heads.value_logits, heads.policy_logits, ctx)
+
+    def reanalyze(self, target_model, obs, legal_mask, rng) -> np.ndarray:
+        """Fresh visit distributions [N, A]: the target world model's search from context-free roots."""
+        with eval_mode(target_model):
+            roots = self._context_free_roots(
+                target_model, torch.as_tensor(obs, device=self._device(target_model))
+            )
+            out, _ = self._search_from(
+                target_model, roots, legal_mask, add_noise=True, deterministic=False, rng=rng
+            )
+        return out.visit_distribution.astype(np.float32)
+
+    # ---------------------------------------------------------------- targets
+
+    def value_fn(self, model: UniZeroNet, *, chunk: int = 2048):
+        """``obs [N, ...] -> value [N]``: the model's value at context-free roots (the observation alone)."""
+        dev = self._device(model)
+
+        def fn(obs: np.ndarray) -> np.ndarray:
+            vals = []
+            with eval_mode(model):
+                for lo in range(0, len(obs), chunk):
+                    _, heads = model.root_outputs(torch.as_tensor(obs[lo : lo + chunk], device=dev))
+                    vals.append(
+                        logits_to_scalar(heads.value_logits.float(), support_size=model.value_support_size)
+                    )
+            return torch.cat(vals).cpu().numpy() if vals else np.zeros(0, dtype=np.float32)
+
+        return fn
+
+    def make_batch(self, sample, *, target_model, rng, reanalyze_count=0) -> TrainBatch:
+        """MuZero's targets with all K+1 observations, plus ``extras[TARGET_LATENT]`` [B, K, E] float32:
+        the target world model's tokens of o_{t+1}..o_{t+K} (the next-latent targets), computed here in
+        the buffer owner like the bootstrap values."""
+        rc = self.cfg.replay
+        batch = make_batch(
+            sample,
+            num_unroll_steps=rc.num_unroll_steps,
+            td_steps=rc.td_steps,
+            discount=self.cfg.mcts.discount,
+            num_actions=self.spec.num_actions,
+            action_dim=self.spec.action_dim,
+            value_fn=self.value_fn(target_model),
+            rng=rng,
+            all_obs=True,  # teacher forcing reads every observation of the unroll
+            reanalyze_count=reanalyze_count,
+            reanalyze_fn=lambda o, m: self.reanalyze(target_model, o, m, rng),
+        )
+        dev = self._device(target_model)
+        with eval_mode(target_model):
+            nxt = torch.as_tensor(batch.obs[:, 1:], device=dev)
+            z = target_model.encode(nxt.flatten(0, 1)).view(*nxt.shape[:2], -1)
+        return dataclasses.replace(batch, extras={**batch.extras, TARGET_LATENT: z.float().cpu().numpy()})
+
+    # ---------------------------------------------------------------- loss
+
+    def latent_loss(
+        self, model: UniZeroNet, pred_logits: torch.Tensor, pred: torch.Tensor, target: torch.Tensor
+    ):
+        """[...] per-step next-latent loss: MSE (mean over E) with LayerNorm latents; with SimNorm the mean
+        over groups of KL(target group || predicted group)."""
+        if model.latent_norm_kind == "simnorm":
+            g = model.simnorm_group_size
+            t = target.reshape(*target.shape[:-1], -1, g)
+            logp = F.log_softmax(pred_logits.reshape(*pred_logits.shape[:-1], -1, g), dim=-1)
+            kl = (t * (torch.log(t.clamp_min(1e-12)) - logp)).sum(-1)
+            return kl.mean(-1)
+        return ((pred - target) ** 2).mean(-1)
+
+    def compute_loss(self, model, batch: TrainBatch, *, train_iter: int) -> LossOutput:
+        """Teacher-forced loss over the K-step sequence [o_t, a_t, o_{t+1}, ..., a_{t+K-1}, o_{t+K}].
+
+        Per sample, with observation steps k = 0..K (value v_k, policy p_k at o_{t+k}'s token) and action
+        steps k = 0..K-1 (reward r_k and next latent z^_{k+1} at a_{t+k}'s token)::
+
+            per_sample = w_lat * mean_k m^o_{k+1} L(z^_{k+1}, sg(z'_{k+1}))
+                       + w_r * mean_k m^r_k CE(r_k, u_{t+k})
+                       + mean_k [w_v m^v_k CE(v_k, z_{t+k}) + w_p m^p_k CE(p_k, pi_{t+k})
+                                 - w_ent m^p_k H(p_k)]
+
+        where z' is the *target* model's tokenizer (``batch.extras[TARGET_LATENT]``, from :meth:`make_batch`),
+        L the latent loss (:meth:`latent_loss`), m the batch masks, means over the K or K+1 steps, and
+        ``loss = mean(IS weight x per_sample)``. ``train_iter`` is reported as ``train/train_iter``.
+        """
+        lc, pc = self.cfg.learn, self.cfg.policy
+        dev = self._device(model)
+
+        def t(x, dtype=torch.float32):
+            return torch.as_tensor(x, device=dev, dtype=dtype)
+
+        obs = torch.as_tensor(batch.obs, device=dev)  # [B, K+1, *obs_shape]
+        bsz, k1 = obs.shape[:2]
+        k_steps = batch.actions.shape[1]
+        if k1 != k_steps + 1:
+            raise ValueError(f"unizero needs all K+1 observations per sample, got {k1} for K={k_steps}")
+        actions = self._action_tensor(batch.actions, dev)  # [B, K] or [B, K, D]
+        tv, tr, tp = t(batch.target_value), t(batch.target_reward), t(batch.target_policy)
+        vmask, rmask, pmask, omask = (t(batch.value_mask), t(batch.reward_mask), t(batch.policy_mask),
+                                      t(batch.obs_mask))  # fmt: skip
+        vs, rs = model.value_support_size, model.reward_support_size
+
+        z = model.encode(obs.flatten(0, 1)).view(bsz, k1, -1)  # [B, K+1, E]
+        a = model.embed_action(actions.flatten(0, 1)).view(bsz, k_steps, -1)  # [B, K, E]
+        hidden = model.forward_sequence(token_sequence(z, a))  # [B, 2K+1, E]
+        obs_out = model.obs_heads(hidden[:, 0::2])  # value [B, K+1, V], policy [B, K+1, P]
+        act_out = model.action_heads(hidden[:, 1::2])  # reward [B, K, R], next latent [B, K, E]
+        target_z = t(batch.extras[TARGET_LATENT])  # [B, K, E]
+
+        def ce(logits, target):
+            return soft_cross_entropy(logits.flatten(0, 1), target.flatten(0, 1)).view(target.shape[:2])
+
+        value_loss = (ce(obs_out.value_logits, scalar_to_target(tv, support_size=vs)) * vmask).mean(1)
+        policy_loss = (ce(obs_out.policy_logits, tp) * pmask).mean(1)
+        logp = F.log_softmax(obs_out.policy_logits, dim=-1)
+        entropy = (-(logp.exp() * logp).sum(-1) * pmask).mean(1)
+        reward_loss = (ce(act_out.reward_logits, scalar_to_target(tr, support_size=rs)) * rmask).mean(1)
+        latent = self.latent_loss(model, act_out.next_latent_logits, act_out.next_latent, target_z.detach())
+        latent_loss = (latent * omask[:, 1:]).mean(1)
+        per_sample = (
+            pc.latent_loss_weight * latent_loss
+            + lc.value_loss_weight * value_loss
+            + lc.reward_loss_weight * reward_loss
+            + lc.policy_loss_weight * policy_loss
+            - pc.policy_entropy_weight * entropy
+        )
+        loss = (t(batch.weights) * per_sample).mean()
+        with torch.no_grad():
+            pred_v0 = logits_to_scalar(obs_out.value_logits[:, 0].float(), support_size=vs)
+            priorities = ((pred_v0 - tv[:, 0]).abs() + 1e-6).cpu().numpy().astype(np.float32)
+        metrics = {
+            "train/loss_total": float(loss.detach()),
+            "train/loss_latent": float(latent_loss.mean().detach()),
+            "train/loss_value": float(value_loss.mean().detach()),
+            "train/loss_reward": float(reward_loss.mean().detach()),
+            "train/loss_policy": float(policy_loss.mean().detach()),
+            "train/policy_entropy": float(entropy.mean().detach()),
+            "train/value_pred_mean": float(pred_v0.mean()),
+            "train/value_target_mean": float(tv[:, 0].mean()),
+            "train/train_iter": float(train_iter),
+        }
+        return LossOutput(loss=loss, per_sample_loss=per_sample, priorities=priorities, metrics=metrics)
