@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from muzero_tune.mcts import MuZeroSearch, kernels, puct
+from muzero_tune.mcts.sampled import SampledSearch
 
 LATENT_SIZE = 64  # width of the dummy latent for run(); only affects the torch gather/copy cost
 
@@ -109,10 +110,18 @@ def time_kernels(
 
 
 def time_full_run(
-    *, batch_size: int, num_actions: int, num_simulations: int, repeats: int, rng: np.random.Generator
+    *,
+    batch_size: int,
+    num_actions: int,
+    num_simulations: int,
+    repeats: int,
+    rng: np.random.Generator,
+    search=None,
+    legal=None,
 ) -> float:
-    """Return microseconds per simulation per tree of ``MuZeroSearch.run()`` with a zero-cost recurrent_fn
-    (returns precomputed outputs and its input latent), i.e. kernels + Python driver + latent gather/copy."""
+    """Return microseconds per simulation per tree of ``search.run()`` (default: ``MuZeroSearch``) with a
+    zero-cost recurrent_fn (returns precomputed outputs of width ``num_actions`` -- the policy's parameters
+    -- and its input latent), i.e. kernels + Python driver + latent gather/copy."""
     reward, value, logits = _random_network_outputs(
         rng, batch_size=batch_size, num_actions=num_actions, num_simulations=num_simulations
     )
@@ -123,10 +132,12 @@ def time_full_run(
         step[0] += 1
         return latent, reward[i], value[i], logits[i]
 
-    search = MuZeroSearch(num_actions=num_actions, num_simulations=num_simulations)
+    if search is None:
+        search = MuZeroSearch(num_actions=num_actions, num_simulations=num_simulations)
     root_latent = torch.zeros(batch_size, LATENT_SIZE)
     root_logits = rng.normal(size=(batch_size, num_actions)).astype(np.float32)
-    legal = np.ones((batch_size, num_actions), dtype=bool)
+    if legal is None:
+        legal = np.ones((batch_size, num_actions), dtype=bool)
     root_value = rng.normal(size=batch_size).astype(np.float32)
     run_rng = np.random.default_rng(0)
 
@@ -216,6 +227,30 @@ def section_compile(args: argparse.Namespace) -> None:
     print_table("numba compile time: first run() in a fresh process", ["cache", "seconds"], rows)
 
 
+def section_sampled(args: argparse.Namespace) -> None:
+    """Sampled search (K samples per node; continuous D = 1, and discrete K of A = 2K) against MuZero's at
+    A = K, whole run() with a zero-cost recurrent_fn, side by side."""
+    rng = np.random.default_rng(args.seed)
+    k, sims, rows = args.num_samples, args.num_simulations, []
+    for batch_size in args.batch_sizes:
+        reps = max(args.repeats // 4, 1)
+        muzero = time_full_run(
+            batch_size=batch_size, num_actions=k, num_simulations=sims, repeats=reps, rng=rng
+        )
+        cont = SampledSearch(num_samples=k, action_kind="continuous", action_dim=1, num_simulations=sims)
+        cont_us = time_full_run(batch_size=batch_size, num_actions=2, num_simulations=sims, repeats=reps,
+                                rng=rng, search=cont, legal=np.ones((batch_size, 0), bool))  # fmt: skip
+        disc = SampledSearch(num_samples=k, action_kind="discrete", num_actions=2 * k, num_simulations=sims)
+        disc_us = time_full_run(batch_size=batch_size, num_actions=2 * k, num_simulations=sims, repeats=reps,
+                                rng=rng, search=disc)  # fmt: skip
+        rows.append([batch_size, k, sims, muzero, cont_us, cont_us / muzero, disc_us, disc_us / muzero])
+    print_table(
+        f"Sampled search vs MuZero's at A = K = {k}: run() us/sim/tree, network excluded",
+        ["B", "K", "sims", "muzero A=K", "sampled cont D=1", "ratio", f"sampled disc A={2 * k}", "ratio"],
+        rows,
+    )
+
+
 # Sections run in order; later benchmark parts (e.g. search vs network per collect step) append theirs here.
 def time_collect_step(
     preset: str, *, repeats: int, overrides: dict | None = None
@@ -277,6 +312,7 @@ def section_collect_step(args: argparse.Namespace) -> None:
 
 SECTIONS: list[Callable[[argparse.Namespace], None]] = [
     section_kernels,
+    section_sampled,
     section_compile,
     section_collect_step,
 ]
@@ -287,6 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[8, 64])
     p.add_argument("--num-actions", type=int, nargs="+", default=[2, 18])
     p.add_argument("--num-simulations", type=int, default=50)
+    p.add_argument("--num-samples", type=int, default=20, help="K of the sampled-search section")
     p.add_argument("--repeats", type=int, default=200, help="searches timed per configuration")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-compile-timing", action="store_true", help="skip the cold/cached compile probe")
