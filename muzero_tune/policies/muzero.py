@@ -130,20 +130,27 @@ class MuZeroPolicy(Policy):
         out, predicted = self._search_roots(
             model, obs, legal_mask, add_noise=explore, deterministic=deterministic, rng=rng
         )
-        actions = select_action(
+        edges = select_action(
             out.visit_counts, temperature=temperature if explore else 0.0, rng=rng, deterministic=not explore
+        )  # [B] root edges: actions, or the sampled slots of a sampled search
+        return ActOutput(
+            actions=self._edge_actions(out, edges),
+            step_stats=self._step_stats(out, legal_mask),
+            root_value=out.root_value,
+            predicted_value=predicted,
         )
-        stats = {
+
+    def _edge_actions(self, out, edges: np.ndarray) -> np.ndarray:
+        """The env actions of the chosen root edges [B] (here the edges are the actions)."""
+        return edges.astype(np.int64)
+
+    def _step_stats(self, out, legal_mask) -> dict[str, np.ndarray]:
+        """What a step stores in its segment (``step_stat_names``), each [B, ...]."""
+        return {
             "child_visits": out.visit_distribution.astype(np.float32),
             "root_value": out.root_value.astype(np.float32),
             "legal_mask": np.asarray(legal_mask, dtype=bool),
         }
-        return ActOutput(
-            actions=actions.astype(np.int64),
-            step_stats=stats,
-            root_value=out.root_value,
-            predicted_value=predicted,
-        )
 
     def reanalyze(self, target_model, obs, legal_mask, rng) -> np.ndarray:
         out, _ = self._search_roots(

@@ -29,7 +29,6 @@ import torch
 import torch.nn.functional as F
 
 from muzero_tune.config import ConfigError
-from muzero_tune.mcts import select_action
 from muzero_tune.mcts.sampled import SampledSearch
 from muzero_tune.models.sampled_net import (
     MLPGaussianEfficientZeroNet,
@@ -37,7 +36,6 @@ from muzero_tune.models.sampled_net import (
     gaussian_entropy,
     tanh_gaussian_log_prob,
 )
-from muzero_tune.policies.base import ActOutput
 from muzero_tune.policies.efficientzero import EfficientZeroPolicy
 from muzero_tune.policies.muzero import MuZeroPolicy
 from muzero_tune.replay.targets import TrainBatch
@@ -102,29 +100,12 @@ class SampledPolicyMixin:
     def step_stat_names(self) -> tuple[str, ...]:
         return (*super().step_stat_names(), SAMPLED_ACTIONS)
 
-    def act(
-        self, model, obs, legal_mask, *, explore, temperature, rng, state=None, env_index=None
-    ) -> ActOutput:
-        deterministic = (not explore) and self.cfg.mcts.deterministic_eval
-        out, predicted = self._search_roots(
-            model, obs, legal_mask, add_noise=explore, deterministic=deterministic, rng=rng
-        )
-        slots = select_action(
-            out.visit_counts, temperature=temperature if explore else 0.0, rng=rng, deterministic=not explore
-        )  # [B]
-        sampled = out.extras[SAMPLED_ACTIONS]  # [B, K, D] float32 or [B, K] int64
-        stats = {
-            "child_visits": out.visit_distribution.astype(np.float32),
-            "root_value": out.root_value.astype(np.float32),
-            "legal_mask": np.asarray(legal_mask, dtype=bool),
-            SAMPLED_ACTIONS: sampled,
-        }
-        return ActOutput(
-            actions=sampled[np.arange(len(slots)), slots],
-            step_stats=stats,
-            root_value=out.root_value,
-            predicted_value=predicted,
-        )
+    def _edge_actions(self, out, edges: np.ndarray) -> np.ndarray:
+        """The chosen slots' sampled actions: [B, D] float32 or [B] int64."""
+        return out.extras[SAMPLED_ACTIONS][np.arange(len(edges)), edges]
+
+    def _step_stats(self, out, legal_mask) -> dict[str, np.ndarray]:
+        return {**super()._step_stats(out, legal_mask), SAMPLED_ACTIONS: out.extras[SAMPLED_ACTIONS]}
 
     def reanalyze(self, target_model, obs, legal_mask, rng) -> dict[str, np.ndarray]:
         """Fresh visit distributions and the sampled actions they are over (both written back)."""
