@@ -1,5 +1,7 @@
 """It learns: on CartPole-v1 every policy type reaches eval reward_mean >= 195 over 8 episodes within 30k
-env steps and 10 minutes (MuZero on seeds 0, 1, 2; the other types on seed 0).
+env steps and 10 minutes (MuZero on seeds 0, 1, 2; the other types on seed 0); the sampled types reach their
+continuous-control targets (Pendulum-v1 >= -250 within 50k env steps, InvertedPendulum-v5 >= 950 within 30k)
+and CartPole with K = 2.
 
 Slow (seconds to minutes per run on 2 cores): ``python -m pytest -q -m slow tests/test_learning.py``.
 """
@@ -30,3 +32,29 @@ def test_cartpole_solves(preset, seed, tmp_path):
     solved = rep.evals[-1]
     assert solved["reward_mean"] >= 195.0 and solved["eval_episodes"] == 8
     assert solved["envstep"] <= 30_000 and solved["wall_s"] <= 600
+
+
+# Continuous control and the discrete sampled search (issue 11's learning goals):
+# (preset, seed, env-step budget, wall-clock budget in s); the target is the preset's stop_value.
+SAMPLED_RUNS = [
+    *[("pendulum_sampled_efficientzero", s, 50_000, 900) for s in (0, 1, 2)],
+    *[("pendulum_sampled_muzero", s, 50_000, 900) for s in (0, 1, 2)],
+    ("inverted_pendulum_sampled_efficientzero", 0, 30_000, 900),
+    *[("cartpole_sampled_muzero", s, 30_000, 600) for s in (0, 1, 2)],
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset,seed,max_env_steps,max_wall_s", SAMPLED_RUNS)
+def test_sampled_types_reach_their_targets(preset, seed, max_env_steps, max_wall_s, tmp_path):
+    cfg = make_config(
+        preset, overrides={"seed": seed, "logging.output_dir": str(tmp_path), "logging.quiet": True}
+    )
+    if cfg.env.env_id.startswith("InvertedPendulum"):
+        pytest.importorskip("mujoco", reason='needs the mujoco extra: pip install -e ".[mujoco]"')
+    rep = MemoryReporter()
+    summary = train_muzero_segment(cfg, reporter=rep)
+    assert summary.stop_reason == "stop_value", rep.evals
+    solved = rep.evals[-1]
+    assert solved["reward_mean"] >= cfg.stop_value and solved["eval_episodes"] == 8
+    assert solved["envstep"] <= max_env_steps and solved["wall_s"] <= max_wall_s
