@@ -9,7 +9,7 @@ headless Chromium (Debian's ``chromium`` package) and saves, at ``--width`` x ``
 - ``<out>/mlflow_runs.png``: the experiment's runs table (model training view);
 - ``<out>/mlflow_charts.png``: its chart view in the shared view ``muzero-tune compare`` prints (runs
   grouped by the ``pipeline`` tag, reward and throughput first, x = env steps);
-- ``<out>/mlflow_compare.png``: with ``--compare-run``, that run's artifacts page (the comparison plots).
+- ``<out>/mlflow_compare.png``: with ``--compare-run``, that run's reward-vs-env-steps plot in its artifacts.
 
 Then it stops the server and Chromium. Chromium is driven through its DevTools protocol (a websocket,
 ``websockets`` is installed with MLflow's server) so the script can wait for the charts to be drawn and
@@ -52,7 +52,7 @@ CHROMIUM_FLAGS = (
 READY_JS = {
     "runs": "document.querySelectorAll('.ag-row').length > 0",
     "charts": "document.querySelectorAll('.js-plotly-plot .scatterlayer .trace').length >= {n_charts}",
-    "artifacts": "document.querySelectorAll('img').length > 1 || document.body.innerText.includes('.png')",
+    "artifacts": "Array.from(document.querySelectorAll('img')).some(i => i.complete && i.naturalWidth > 300)",
 }
 NO_SPINNER_JS = "document.querySelectorAll('[class*=spinner], [data-testid*=spinner]').length === 0"
 CLOSE_ASSISTANT_JS = (
@@ -145,7 +145,9 @@ class Browser:
         port = int(open(port_file).read().split()[0])
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10) as r:
             pages = [t for t in json.load(r) if t.get("type") == "page"]
-        self.ws = connect(pages[0]["webSocketDebuggerUrl"], max_size=64 << 20, open_timeout=30)
+        # entered by hand: websockets >= 17 deprecates using connect()'s result without ``with``
+        self._conn = connect(pages[0]["webSocketDebuggerUrl"], max_size=64 << 20, open_timeout=30)
+        self.ws = self._conn.__enter__()
         self._id = 0
         self.call(
             "Emulation.setDeviceMetricsOverride",
@@ -187,7 +189,7 @@ class Browser:
 
     def close(self) -> None:
         try:
-            self.ws.close()
+            self._conn.__exit__(None, None, None)
         finally:
             stop(self.proc)
 
@@ -241,7 +243,9 @@ def snapshot(
 
         run = MlflowClient(tracking_uri).get_run(compare_run)
         views["compare"] = (
-            run_url(run.info.experiment_id, compare_run, ui_url=ui, tab="artifacts"),
+            run_url(
+                run.info.experiment_id, compare_run, ui_url=ui, tab="artifacts/plots/reward_vs_envstep.png"
+            ),
             READY_JS["artifacts"],
         )
     server = browser = None

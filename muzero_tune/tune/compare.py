@@ -218,7 +218,8 @@ def compare(
                 client.log_metric(run_id, f"{pipe}/{k}", v)
         client.set_terminated(run_id)
         client.set_experiment_tag(exp.experiment_id, "muzero_tune.compare_experiment", compare_name)
-        urls["compare"] = run_url(cmp_id, run_id, ui_url=ui_url, tab="artifacts")
+        # the run's artifacts page with the reward-vs-env-steps plot open
+        urls["compare"] = run_url(cmp_id, run_id, ui_url=ui_url, tab="artifacts/plots/reward_vs_envstep.png")
     return {
         "plots": paths,
         "summary": summary,
