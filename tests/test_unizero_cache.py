@@ -17,6 +17,7 @@ TOL = 1e-5
 
 
 def _net(positional: str, *, max_tokens: int = 11, seed: int = 0) -> UniZeroNet:
+    torch.set_num_threads(1)  # as every pipeline process runs (two threads are far slower here)
     torch.manual_seed(seed)
     net = UniZeroNet(obs_shape=(4,), num_actions=3, embed_dim=32, num_layers=2, num_heads=2,
                      max_tokens=max_tokens, positional=positional).eval()  # fmt: skip
@@ -33,7 +34,7 @@ def _window(seq: list[torch.Tensor], limit: int) -> list[torch.Tensor]:
 
 
 def _reference(net: UniZeroNet, windows: list[list[torch.Tensor]]) -> torch.Tensor:
-    """Uncached: the whole window of every row, left-padded into one batch; output at each row's last token."""
+    """Uncached: every row's whole window, left-padded into one batch; the output at its last token."""
     width = max(len(w) for w in windows)
     e = net.embed_dim
     tokens = torch.zeros((len(windows), width, e))
@@ -149,7 +150,9 @@ def test_context_of_other_weights_is_never_used():
     other = copy.deepcopy(net)
     g = torch.Generator().manual_seed(3)
     toks = torch.randn(2, 3, 32, generator=g)
-    empty = TokenContext.empty(2, max_tokens=11, embed_dim=32, device=torch.device("cpu"), dtype=torch.float32)
+    empty = TokenContext.empty(
+        2, max_tokens=11, embed_dim=32, device=torch.device("cpu"), dtype=torch.float32
+    )
     with torch.no_grad():
         _, ctx = net.extend(empty, toks, limit=7)
         tag = weights_tag(net)

@@ -1,0 +1,423 @@
+"""UniZero as a policy type: a hand-computed loss, cache invalidation (new weights mid-episode, the learner's
+budget hook, the clear interval, episode starts), cached == uncached acting, separate collect and eval states,
+the three async constraints of the design note (section 5), and short sync / async / Tune runs.
+tests/test_unizero_cache.py checks the caches' exactness at the model level."""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from muzero_tune.config import make_config
+from muzero_tune.models import logits_to_scalar
+from muzero_tune.models.unizero_net import token_sequence
+from muzero_tune.pipeline.core import make_policy, setup_torch_threads
+from muzero_tune.policies.unizero import TARGET_LATENT, UniZeroPolicy
+from muzero_tune.replay.targets import TrainBatch
+
+PRESET = "cartpole_unizero"
+SMALL = {
+    "policy.world_model_embed_dim": 32,
+    "model.hidden_dim": 32,
+    "mcts.num_simulations": 6,
+    "learn.batch_size": 32,
+    "env.collector_env_num": 4,
+    "env.evaluator_env_num": 2,
+    "eval.n_episodes": 2,
+    "eval.eval_freq": 20,
+    "replay.game_segment_length": 20,
+    "max_env_step": 400,
+    "stop_value": None,
+    "logging.quiet": True,
+}
+
+
+def _policy(overrides: dict | None = None):
+    cfg = make_config(PRESET, overrides={**SMALL, **(overrides or {})})
+    setup_torch_threads()  # one torch thread, as every pipeline process runs (two are far slower here)
+    policy, spec = make_policy(cfg)
+    torch.manual_seed(0)
+    return policy, policy.build_model()
+
+
+def _perturbed(model, seed: int):
+    other = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(0.2 * torch.randn(p.shape, generator=g))
+    return other
+
+
+def _episode(n_envs: int, steps: int, seed: int = 0) -> list[np.ndarray]:
+    """Observations [n_envs, 4] of CartPole envs stepped with fixed random actions (no episode ends)."""
+    envs = [gym.make("CartPole-v1") for _ in range(n_envs)]
+    obs = [np.stack([e.reset(seed=seed + i)[0] for i, e in enumerate(envs)]).astype(np.float32)]
+    rng = np.random.default_rng(seed)
+    for _ in range(steps):
+        obs.append(np.stack([e.step(int(rng.integers(2)))[0] for e in envs]).astype(np.float32))
+    return obs
+
+
+def _act(policy, model, obs, state, *, explore=False):
+    return policy.act(model, obs, np.ones((len(obs), 2), bool), explore=explore, temperature=1.0,
+                      rng=np.random.default_rng(0), state=state, env_index=np.arange(len(obs)))  # fmt: skip
+
+
+def _reference_root_value(policy, model, obs: list[np.ndarray], actions: list[np.ndarray]) -> np.ndarray:
+    """Uncached: the root value of each env from its whole window [o, a, ..., o_t] under ``model``
+    (the last S = context_tokens // 2 observations ``obs`` [n][N, 4] and the actions between them)."""
+    w = min(policy.context_obs, len(obs))
+    obs, actions = obs[-w:], actions[len(actions) - (w - 1) :] if w > 1 else []
+    n = len(obs[0])
+    with torch.no_grad():
+        model.eval()
+        z = model.encode(torch.as_tensor(np.stack(obs, 1)).flatten(0, 1)).view(n, w, -1)
+        if actions:
+            a = model.embed_action(torch.as_tensor(np.stack(actions, 1)).flatten(0, 1)).view(n, w - 1, -1)
+            z = token_sequence(z, a)
+        h = model.forward_sequence(z)[:, -1]
+        v = logits_to_scalar(model.obs_heads(h).value_logits, support_size=model.value_support_size)
+    return v.numpy()
+
+
+# ------------------------------------------------------------------------------------------------ loss
+
+
+def test_hand_computed_loss():
+    """Zeroed heads: every categorical is uniform (CE = log C whatever the target, entropy = log A) and the
+    predicted latent is LayerNorm(0) = 0 (MSE = mean of the target's squares); masks and IS weights apply."""
+    policy, model = _policy({"replay.num_unroll_steps": 2, "learn.batch_size": 2})
+    with torch.no_grad():
+        for head in (model.value_head, model.policy_head, model.reward_head, model.latent_head):
+            head[-1].weight.zero_()
+            head[-1].bias.zero_()
+    b, k, e = 2, 2, model.embed_dim
+    rng = np.random.default_rng(0)
+    target_latent = np.full((b, k, e), 2.0, np.float32)
+    target_latent[1] = 3.0
+    pol = rng.dirichlet([1, 1], size=(b, k + 1)).astype(np.float32)
+    batch = TrainBatch(
+        obs=rng.normal(size=(b, k + 1, 4)).astype(np.float32),
+        actions=np.array([[0, 1], [1, 1]]),
+        target_value=rng.normal(size=(b, k + 1)).astype(np.float32) * 5,
+        target_reward=np.ones((b, k), np.float32),
+        target_policy=pol,
+        value_mask=np.array([[1, 1, 1], [1, 1, 0]], np.float32),
+        reward_mask=np.array([[1, 1], [1, 0]], np.float32),
+        policy_mask=np.array([[1, 1, 1], [1, 0, 0]], np.float32),
+        obs_mask=np.array([[1, 1, 1], [1, 1, 0]], np.float32),
+        weights=np.array([1.0, 0.5], np.float32),
+        flat_index=np.arange(b),
+        make_time=0,
+        extras={TARGET_LATENT: target_latent},
+    )
+    out = policy.compute_loss(model, batch, train_iter=7)
+    lc, pc = policy.cfg.learn, policy.cfg.policy
+    lv = math.log(2 * model.value_support_size + 1)
+    lr = math.log(2 * model.reward_support_size + 1)
+    la = math.log(2)
+    # sample 0: all masks 1. sample 1: value 2/3, reward 1/2, policy 1/3, next-latent obs 1/2 of the steps
+    want = np.array([
+        pc.latent_loss_weight * 4.0 + lc.value_loss_weight * lv + lc.reward_loss_weight * lr
+        + lc.policy_loss_weight * la - pc.policy_entropy_weight * la,
+        pc.latent_loss_weight * 9.0 / 2 + lc.value_loss_weight * lv * 2 / 3 + lc.reward_loss_weight * lr / 2
+        + (lc.policy_loss_weight - pc.policy_entropy_weight) * la / 3,
+    ])  # fmt: skip
+    np.testing.assert_allclose(out.per_sample_loss.detach().numpy(), want, rtol=1e-5)
+    np.testing.assert_allclose(float(out.loss.detach()), (want * [1.0, 0.5]).mean(), rtol=1e-5)
+    np.testing.assert_allclose(out.priorities, np.abs(batch.target_value[:, 0]) + 1e-6, rtol=1e-5)
+    assert out.metrics["train/train_iter"] == 7.0
+    out.loss.backward()
+    for head in (model.value_head, model.policy_head, model.reward_head):  # (a constant latent target
+        assert head[-1].weight.grad.abs().sum() > 0  # has no gradient through LayerNorm at 0)
+
+
+def test_simnorm_group_kl_is_zero_at_the_target_and_positive_elsewhere():
+    policy, model = _policy({"policy.latent_norm": "simnorm"})
+    logits = torch.randn(3, model.embed_dim)
+    pred = model.latent_norm(logits)
+    assert torch.allclose(pred.view(3, -1, 8).sum(-1), torch.ones(3, model.embed_dim // 8))
+    assert policy.latent_loss(model, logits, pred, pred).abs().max() < 1e-6
+    assert (
+        policy.latent_loss(model, logits, pred, model.latent_norm(torch.randn(3, model.embed_dim))) > 0
+    ).all()
+
+
+# ------------------------------------------------------------------------------------------- acting
+
+
+@pytest.mark.parametrize("context_tokens", [2, 8])
+def test_cached_and_uncached_acting_agree(context_tokens):
+    obs = _episode(3, 9)
+    outs = {}
+    for cache in (True, False):
+        policy, model = _policy({"policy.kv_cache": cache, "policy.context_tokens": context_tokens})
+        state = policy.initial_act_state(3)
+        vals, acts = [], []
+        for o in obs:
+            act = _act(policy, model, o, state)
+            state = act.state
+            vals.append(np.concatenate([act.predicted_value, act.root_value]))
+            acts.append(act.actions)
+        outs[cache] = (np.stack(vals), np.stack(acts))
+        assert (state.ctx.keys is not None) == cache
+    np.testing.assert_allclose(outs[True][0], outs[False][0], atol=1e-5)
+    np.testing.assert_array_equal(outs[True][1], outs[False][1])
+
+
+def test_root_value_is_the_uncached_window_and_new_weights_mid_episode_are_used_at_once():
+    policy, model = _policy()
+    obs = _episode(3, 8)
+    state = policy.initial_act_state(3)
+    taken = []
+    for t, o in enumerate(obs[:6]):
+        act = _act(policy, model, o, state)
+        want = _reference_root_value(policy, model, obs[: t + 1], taken)
+        np.testing.assert_allclose(act.predicted_value, want, atol=1e-5)
+        state, taken = act.state, taken + [act.actions]
+    new = _perturbed(model, 1)
+    model.load_state_dict(new.state_dict())  # a snapshot arrives mid-episode
+    policy.on_weights_loaded(model)
+    act = _act(policy, model, obs[6], state)
+    fresh = copy.deepcopy(new)  # a fresh model with the new weights, uncached, over the same history
+    want = _reference_root_value(policy, fresh, obs[:7], taken)
+    np.testing.assert_allclose(act.predicted_value, want, atol=1e-5, rtol=1e-5)  # values ~ 1e2 here
+    # control: the previous weights give a different root (the test can fail)
+    old = _reference_root_value(policy, _perturbed(new, 2), obs[:7], taken)
+    assert np.abs(old - act.predicted_value).max() > 1e-3
+
+
+def test_in_place_weight_changes_invalidate_without_any_hook():
+    """The sync collector acts with the learner's model, trained in place between collects."""
+    policy, model = _policy()
+    obs = _episode(2, 5)
+    state, taken = policy.initial_act_state(2), []
+    for o in obs[:4]:
+        act = _act(policy, model, o, state)
+        state, taken = act.state, taken + [act.actions]
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    (sum(p.sum() for p in model.parameters())).backward()
+    opt.step()
+    act = _act(policy, model, obs[4], state)
+    np.testing.assert_allclose(
+        act.predicted_value, _reference_root_value(policy, model, obs[:5], taken), atol=1e-5
+    )
+
+
+def test_budget_hook_clear_interval_and_episode_start():
+    policy, model = _policy({"policy.kv_cache_clear_interval": 3})
+    target = copy.deepcopy(model)
+    epochs = (model.cache_epoch, target.cache_epoch)
+    obs = _episode(2, 7)
+    seen = []
+    extend = model.extend
+
+    def spy(ctx, new, new_len=None, **kw):
+        if kw.get("limit") == policy.root_limit and len(ctx.length) == 2:
+            seen.append(ctx.kv_valid.copy())
+        return extend(ctx, new, new_len, **kw)
+
+    model.extend = spy
+    state = policy.initial_act_state(2)
+    for o in obs:
+        state = _act(policy, model, o, state).state
+    # keys dropped exactly at episode steps 3 and 6 (step 0 has no context; the rows recompute, exactly)
+    assert [bool(v.any()) for v in seen] == [False, True, True, False, True, True, False, True]
+    policy.on_train_budget_done(model, target)
+    assert (model.cache_epoch, target.cache_epoch) == (epochs[0] + 1, epochs[1] + 1)
+    assert policy._nodes.tokens is None  # the search's node store is dropped too
+    state = policy.reset_act_state(state, 1)
+    assert state.step[1] == 0 and state.hist_len[1] == 0 and state.ctx.length[1] == 0
+
+
+def test_collect_and_eval_states_are_separate():
+    """One policy object serving a collector (3 envs) and an evaluator (2 envs) in turn, as the sync driver
+    does, gives each exactly what it gets alone."""
+    policy, model = _policy()
+    col, ev = _episode(3, 5, seed=0), _episode(2, 5, seed=10)
+    alone = {}
+    for name, obs in (("col", col), ("ev", ev)):
+        state, vals = policy.initial_act_state(len(obs[0])), []
+        for o in obs:
+            act = _act(policy, model, o, state)
+            state, vals = act.state, vals + [act.predicted_value]
+        alone[name] = np.stack(vals)
+    sc, se, vc, ve = policy.initial_act_state(3), policy.initial_act_state(2), [], []
+    for oc, oe in zip(col, ev):
+        a = _act(policy, model, oc, sc)
+        b = _act(policy, model, oe, se)
+        sc, se, vc, ve = a.state, b.state, vc + [a.predicted_value], ve + [b.predicted_value]
+    np.testing.assert_allclose(np.stack(vc), alone["col"], atol=1e-6)
+    np.testing.assert_allclose(np.stack(ve), alone["ev"], atol=1e-6)
+    assert sc is not se and sc.ctx is not se.ctx
+
+
+# ------------------------------------------------------------------------------- async constraints
+
+
+def test_actor_caches_are_void_after_a_new_snapshot():
+    """Constraint 1: a collector actor that loads a new snapshot never uses a key of the old weights: its
+    next root equals a fresh model's with the new weights over the same history."""
+    from muzero_tune.config import to_flat_dict
+    from muzero_tune.pipeline.actors import CollectorWorker
+    from muzero_tune.pipeline.messages import WeightsSnapshot
+    from muzero_tune.pipeline.placement import LocalRef
+
+    cfg = make_config(PRESET, overrides={**SMALL, "replay.game_segment_length": 5})
+    worker = CollectorWorker(to_flat_dict(cfg), actor_id=0)
+    w1 = {k: v.numpy().copy() for k, v in worker.model.state_dict().items()}
+    worker.collect([WeightsSnapshot(1, LocalRef(w1), "")], temperature=1.0)
+    state = worker.worker._act_state
+    assert state.ctx is not None and state.step.max() > 0
+    new = _perturbed(worker.model, 3)
+    w2 = {k: v.numpy().copy() for k, v in new.state_dict().items()}
+    worker._load(WeightsSnapshot(2, LocalRef(w2), ""))
+    assert worker.policy._nodes.tokens is None
+    obs = np.stack([b.current_frames()[-1] for b in worker.worker.builders]).astype(np.float32)
+    idx = np.arange(len(obs))
+    with torch.no_grad():
+        got, _ = worker.policy.root_inference(worker.model.eval(), torch.as_tensor(obs), state, idx)
+        fresh = copy.deepcopy(new).eval()
+        fresh_policy, _ = make_policy(cfg)
+        fresh_policy.use_cache = False
+        want, _ = fresh_policy.root_inference(
+            fresh, torch.as_tensor(obs), dataclasses_replace_ctx(state), idx
+        )
+    torch.testing.assert_close(got.value_logits, want.value_logits, atol=1e-5, rtol=0)
+    torch.testing.assert_close(got.policy_logits, want.policy_logits, atol=1e-5, rtol=0)
+
+
+def dataclasses_replace_ctx(state):
+    import dataclasses
+
+    return dataclasses.replace(state, ctx=None)  # the raw windows only
+
+
+def test_acting_never_touches_targets_or_buffer(monkeypatch):
+    """Constraint 3 (actor side): collecting calls none of the methods that use the target model."""
+    from muzero_tune.config import to_flat_dict
+    from muzero_tune.pipeline.actors import CollectorWorker
+    from muzero_tune.pipeline.messages import WeightsSnapshot
+    from muzero_tune.pipeline.placement import LocalRef
+
+    def forbidden(*a, **k):
+        raise AssertionError("an actor used a target-model method")
+
+    for name in ("make_batch", "reanalyze", "value_fn", "compute_loss"):
+        monkeypatch.setattr(UniZeroPolicy, name, forbidden)
+    cfg = make_config(PRESET, overrides={**SMALL, "replay.game_segment_length": 5})
+    worker = CollectorWorker(to_flat_dict(cfg), actor_id=0)
+    w = {k: v.numpy().copy() for k, v in worker.model.state_dict().items()}
+    res = worker.collect([WeightsSnapshot(1, LocalRef(w), "")], temperature=1.0)
+    assert res.segments and not any(hasattr(worker, n) for n in ("buffer", "learner", "target_model"))
+
+
+@pytest.fixture
+def driver_calls(monkeypatch):
+    """Record, in this (the driver's) process, every target-model and loss call of the unizero policy."""
+    calls = {"make_batch": [], "reanalyze": [], "train_iter": []}
+    make_batch, reanalyze, loss = (
+        UniZeroPolicy.make_batch,
+        UniZeroPolicy.reanalyze,
+        UniZeroPolicy.compute_loss,
+    )
+
+    def mb(self, sample, *, target_model, rng, reanalyze_count=0):
+        calls["make_batch"].append((os.getpid(), target_model))
+        return make_batch(self, sample, target_model=target_model, rng=rng, reanalyze_count=reanalyze_count)
+
+    def ra(self, target_model, obs, legal_mask, rng):
+        calls["reanalyze"].append((os.getpid(), target_model))
+        return reanalyze(self, target_model, obs, legal_mask, rng)
+
+    def cl(self, model, batch, *, train_iter):
+        calls["train_iter"].append(train_iter)
+        return loss(self, model, batch, train_iter=train_iter)
+
+    monkeypatch.setattr(UniZeroPolicy, "make_batch", mb)
+    monkeypatch.setattr(UniZeroPolicy, "reanalyze", ra)
+    monkeypatch.setattr(UniZeroPolicy, "compute_loss", cl)
+    return calls
+
+
+def _check_driver_calls(calls, learner, train_iter: int):
+    # constraint 2: every train step's train_iter reached the loss, in order
+    assert calls["train_iter"] == list(range(train_iter)) and train_iter > 0
+    # constraint 3: the buffer's target computations and reanalyze ran here, with the learner's target model
+    assert calls["make_batch"] and calls["reanalyze"]
+    for pid, tm in calls["make_batch"] + calls["reanalyze"]:
+        assert pid == os.getpid() and tm is learner.target_model
+
+
+def _check_snapshot(run_dir: str):
+    from muzero_tune.pipeline.checkpoint import latest_checkpoint, load_policy
+
+    path = latest_checkpoint(run_dir)
+    assert path is not None
+    cfg, policy, model, ckpt = load_policy(path)
+    assert cfg.policy.type == "unizero" and model.cache_epoch >= 1  # load_policy ran on_weights_loaded
+    act = policy.act(model, np.zeros((2, 4), np.float32), np.ones((2, 2), bool), explore=False,
+                     temperature=1.0, rng=np.random.default_rng(0))  # fmt: skip
+    assert act.actions.shape == (2,)
+
+
+RUN = {"replay.buffer_reanalyze_freq": 1.0, "replay.reanalyze_batch_size": 8, "replay.reanalyze_ratio": 0.25}
+
+
+def test_short_sync_run(tmp_path, driver_calls, monkeypatch):
+    from muzero_tune.pipeline.core import DriverCore
+    from muzero_tune.pipeline.sync_driver import train_muzero_segment
+
+    learners = []
+    init = DriverCore.__init__
+
+    def keep(self, *a, **k):
+        init(self, *a, **k)
+        learners.append(self.learner)
+
+    monkeypatch.setattr(DriverCore, "__init__", keep)
+    cfg = make_config(
+        PRESET, overrides={**SMALL, **RUN, "logging.output_dir": str(tmp_path), "exp_name": "u"}
+    )
+    summary = train_muzero_segment(cfg)
+    assert summary.stop_reason == "max_env_step" and summary.train_iter > 0 and summary.evals
+    assert all(math.isfinite(e["reward_mean"]) for e in summary.evals)
+    _check_driver_calls(driver_calls, learners[0], summary.train_iter)
+    _check_snapshot(os.path.join(str(tmp_path), "u"))
+
+
+def test_short_async_run(run_async, tmp_path, driver_calls):
+    over = {"policy.type": "unizero", "mcts.num_simulations": 6, "policy.world_model_embed_dim": 32,
+            "model.value_support_size": 50, "model.reward_support_size": 50, **RUN}  # fmt: skip
+    run = run_async(tmp_path, over, exp_name="ua", standalone=True)
+    assert run.summary.train_iter > 0 and run.summary.env_steps >= 400
+    _check_driver_calls(driver_calls, run.driver.core.learner, run.summary.train_iter)
+    _check_snapshot(run.run_dir)
+
+
+def test_one_trial_tune_run(ray_cluster, tmp_path):
+    from ray import tune
+
+    from muzero_tune.pipeline.checkpoint import load_policy
+    from muzero_tune.tune.trainable import CHECKPOINT_FILE, make_trainable
+
+    cfg = make_config(PRESET, overrides={**SMALL, "tune.storage_path": str(tmp_path)})
+    tuner = tune.Tuner(
+        make_trainable(cfg, sweep_name="t", mlflow_uri=None),
+        param_space={},
+        run_config=tune.RunConfig(storage_path=str(tmp_path)),
+    )
+    results = tuner.fit()
+    assert results.num_errors == 0 and len(results) == 1
+    result = results[0]
+    assert result.metrics["train_iter"] > 0
+    with result.checkpoint.as_directory() as d:
+        cfg2, policy, model, ckpt = load_policy(os.path.join(d, CHECKPOINT_FILE))
+    assert cfg2.policy.type == "unizero" and ckpt["evaluated"]["weights"]
