@@ -19,6 +19,7 @@ _IMPLEMENTED: dict[str, str] = {
     "gumbel_muzero": "muzero_tune.policies.gumbel_muzero:GumbelMuZeroPolicy",
     "muzero_context": "muzero_tune.policies.muzero_context:MuZeroContextPolicy",
     "muzero_rnn_full_obs": "muzero_tune.policies.muzero_rnn:MuZeroRNNFullObsPolicy",
+    "unizero": "muzero_tune.policies.unizero:UniZeroPolicy",
     "sampled_muzero": "muzero_tune.policies.sampled:SampledMuZeroPolicy",
     "sampled_efficientzero": "muzero_tune.policies.sampled:SampledEfficientZeroPolicy",
 }
