@@ -113,7 +113,7 @@ BAD = [
     ({"env.env_id": "CartPol-v1"}, "env.env_id", "CartPole-v1"),
     ({"env.env_id": "NoSuchEnv-v9"}, "env.env_id", "unknown environment id"),
     ({"policy.type": "alphazero"}, "policy.type", "allowed: muzero"),
-    ({"policy.type": "unizero"}, "policy.type", "not implemented yet"),
+    ({"policy.type": "sampled_unizero"}, "policy.type", "not implemented yet"),
     ({"learn.device": "tpu"}, "learn.device", "cpu, auto, cuda"),
     ({"policy.async_pipeline.weight_sync_interval": 0}, "policy.async_pipeline.weight_sync_interval", ">= 1"),
     (
