@@ -90,18 +90,19 @@ def fail_once_trainable(flag: str, fail_after_reports: int, **run_trial_kwargs):
 
 @pytest.fixture(scope="module")
 def async_sweep(ray_cluster, tmp_path_factory):
-    """2 async trials (1 collector + 1 evaluator each), run concurrently, through ``run_sweep``."""
-    from ray import tune
-
+    """The ``quickstart`` sync-vs-async sweep, tiny: 4 trials (sync, async x seeds 0, 1) run concurrently
+    through ``run_sweep``; each async trial has 1 collector + 1 evaluator (2 x 1 + 2 x 3 = the 8 CPUs)."""
     from muzero_tune.tune.sweep import run_sweep
 
     storage = tmp_path_factory.mktemp("tune_async")
-    res = run_sweep(
-        "policy_lag_grid", overrides=tiny(storage), max_concurrent=2, name="two_async",
-        param_space_extra={AP + "weight_sync_interval": tune.grid_search([1, 4]),
-                           AP + "max_policy_lag": tune.grid_search([8])},
+    return run_sweep(
+        "quickstart", overrides=tiny(storage), max_concurrent=4, name="sync_vs_async",
+        param_space_extra={AP + "weight_sync_interval": 4, AP + "max_policy_lag": 8},
     )
-    return res
+
+
+def async_results(sweep) -> list:
+    return sorted((r for r in sweep.results if r.config[AP + "enabled"]), key=lambda r: r.path)
 
 
 @pytest.fixture(scope="module")
@@ -136,9 +137,9 @@ def sync_fault(ray_cluster, tmp_path_factory):
 
 def test_async_trials_run_concurrently_with_their_actors_in_their_own_bundles(async_sweep, ray_cluster):
     results = async_sweep.results
-    assert results.num_errors == 0 and results.num_terminated == 2
+    assert results.num_errors == 0 and results.num_terminated == 4
     firsts, spans = [], []
-    for d in trial_dirs(results):
+    for d in [r.path for r in async_results(async_sweep)]:
         rows = progress(d)
         assert len(rows) >= 2
         first = rows[0]
@@ -172,7 +173,7 @@ def test_async_trials_run_concurrently_with_their_actors_in_their_own_bundles(as
 
 
 def test_async_checkpoints_hold_exactly_the_weights_the_evaluator_used(async_sweep):
-    for d in trial_dirs(async_sweep.results):
+    for d in [r.path for r in async_results(async_sweep)]:
         by_eval = {int(float(r["eval_index"])): r for r in progress(d)}
         paths = checkpoints(d)
         assert paths
@@ -188,7 +189,7 @@ def test_async_checkpoints_hold_exactly_the_weights_the_evaluator_used(async_swe
 @pytest.mark.parametrize("which", ["sync", "async"])
 def test_evaluating_a_trial_checkpoint_reproduces_its_reported_reward(which, request):
     if which == "async":
-        dirs = trial_dirs(request.getfixturevalue("async_sweep").results)
+        dirs = [r.path for r in async_results(request.getfixturevalue("async_sweep"))]
     else:
         dirs = trial_dirs(request.getfixturevalue("sync_fault")["results"])
     setup_torch_threads()  # as in the trial and its actors
@@ -281,19 +282,19 @@ def test_mlflow_has_one_run_per_trial_with_params_tags_and_a_point_per_report(as
     client = MlflowClient(async_sweep.tracking_uri)
     exp = client.get_experiment_by_name(async_sweep.experiment_name)
     assert exp is not None
-    runs = [r for r in client.search_runs([exp.experiment_id])
-            if r.data.tags.get("muzero_tune.kind") != "compare"]
-    assert len(runs) == 2
+    runs = client.search_runs([exp.experiment_id])
+    assert len(runs) == 4
     by_trial = {r.data.tags[TRIAL_TAG]: r for r in runs}
     for result in async_sweep.results:
         run = by_trial[result.metrics["trial_id"]]
         assert run.info.status == "FINISHED"
         p, t = run.data.params, run.data.tags
         assert p["learn.batch_size"] == "32" and p["mcts.num_simulations"] == "4"
-        assert p[AP + "enabled"] == "True"
+        pipeline = "async" if result.config[AP + "enabled"] else "sync"
+        assert p[AP + "enabled"] == str(result.config[AP + "enabled"])
         assert p[AP + "weight_sync_interval"] == str(result.config[AP + "weight_sync_interval"])
-        assert (t["pipeline"], t["policy_type"], t["env_id"]) == ("async", "muzero", "CartPole-v1")
-        assert t["seed"] == "0"
+        assert (t["pipeline"], t["policy_type"], t["env_id"]) == (pipeline, "muzero", "CartPole-v1")
+        assert t["seed"] == str(result.config["seed"])
         assert t["sweep"] == async_sweep.experiment_name
         assert t["trial_name"] in os.path.basename(result.path)
         rows = progress(result.path)
@@ -310,18 +311,157 @@ def test_compare_writes_three_plots_and_logs_them_to_a_compare_run(async_sweep, 
     from muzero_tune.tune.compare import compare
 
     out = compare(async_sweep.tracking_uri, async_sweep.experiment_name, str(tmp_path / "plots"))
-    names = sorted(os.path.basename(p) for p in out["plots"])
+    names = sorted(os.path.basename(p) for p in out["plots"] if p.endswith(".png"))
     assert names == ["envstep_per_s.png", "reward_vs_envstep.png", "reward_vs_wall.png"]
     for p in out["plots"]:
         with open(p, "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
         assert os.path.getsize(p) > 1000
-    assert out["summary"]["async"]["runs"] == 2.0
+    assert out["summary"]["async"]["runs"] == out["summary"]["sync"]["runs"] == 2.0
     client = MlflowClient(async_sweep.tracking_uri)
     run = client.get_run(out["run_id"])
-    assert run.info.run_name == "compare" and run.data.tags["muzero_tune.kind"] == "compare"
+    assert run.info.run_name.startswith("compare-") and run.data.tags["muzero_tune.kind"] == "compare"
     arts = {os.path.basename(a.path): a.file_size for a in client.list_artifacts(out["run_id"], "plots")}
     assert sorted(arts) == names and all(size > 1000 for size in arts.values())
+
+
+# ------------------------------------------------------------------------------------- dashboard (issue 15)
+
+
+def _trial_runs(client, sweep):
+    exp = client.get_experiment_by_name(sweep.experiment_name)
+    return exp, {r.data.tags[TRIAL_TAG]: r for r in client.search_runs([exp.experiment_id])}
+
+
+def test_sweep_experiment_opens_as_model_training_with_a_description_and_a_grouped_view(async_sweep):
+    import json
+
+    from mlflow.tracking import MlflowClient
+
+    from muzero_tune.tune import mlflow_log as ml
+
+    exp = MlflowClient(async_sweep.tracking_uri).get_experiment_by_name(async_sweep.experiment_name)
+    tags = exp.tags
+    assert tags["mlflow.experimentKind"] == "custom_model_development"
+    desc = tags["mlflow.note.content"]
+    for part in ("Sweep `quickstart`", "preset `cartpole_muzero`", "4 trials (grid)", "`seed` {0, 1}",
+                 f"`{AP}enabled` {{False, True}}", f"`{AP}max_policy_lag` 8", "env steps",
+                 "sync_vs_async_compare"):
+        assert part in desc, (part, desc)
+    assert (tags["muzero_tune.space"], tags["muzero_tune.preset"], tags["muzero_tune.trials"]) == (
+        "quickstart", "cartpole_muzero", "4")
+    view = json.loads(tags["mlflow.sharedViewState.sync-vs-async"])
+    assert view["groupBy"]["groupByKeys"] == [{"mode": "tag", "groupByData": "pipeline"}]
+    assert [c["metricKey"] for c in view["compareRunCharts"]] == ["eval/reward_mean", "perf/envstep_per_s"]
+    assert view["isAccordionReordered"] and view["globalLineChartConfig"]["xAxisKey"] == "step"
+    url = ml.experiment_url(exp.experiment_id)
+    assert url == (f"http://127.0.0.1:5000/#/experiments/{exp.experiment_id}/runs"
+                   "?workflowType=machine_learning&compareRunsMode=CHART&viewStateShareKey=sync-vs-async")
+
+
+def test_every_trial_run_is_named_by_pipeline_lag_seed_and_trial_and_tagged_for_group_by(async_sweep):
+    import re
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(async_sweep.tracking_uri)
+    _, by_trial = _trial_runs(client, async_sweep)
+    assert len(by_trial) == 4
+    seen = set()
+    for result in async_sweep.results:
+        trial_id, cfg = result.metrics["trial_id"], result.config
+        run = by_trial[trial_id]
+        t = run.data.tags
+        if cfg[AP + "enabled"]:
+            expected = f"async-lag8-sync4-s{cfg['seed']}-{trial_id}"
+            assert (t["max_policy_lag"], t["weight_sync_interval"]) == ("8", "4")
+        else:
+            expected = f"sync-s{cfg['seed']}-{trial_id}"
+            assert "max_policy_lag" not in t
+        assert run.info.run_name == t["mlflow.runName"] == expected
+        assert re.fullmatch(r"(sync|async-lag8-sync4)-s[01]-[0-9a-f]{5}_\d{5}", run.info.run_name)
+        assert t["pipeline"] == expected.split("-")[0] and t["seed"] == str(cfg["seed"])
+        assert t["muzero_tune.kind"] == "trial" and t["sweep"] == async_sweep.experiment_name
+        assert t["trial_name"] in t["mlflow.note.content"]
+        seen.add((t["pipeline"], t["seed"]))
+    assert seen == {("sync", "0"), ("sync", "1"), ("async", "0"), ("async", "1")}  # Group by: 2 lines x 2
+
+
+def test_reward_and_throughput_are_also_logged_under_a_prefix_with_env_steps_as_x(async_sweep):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(async_sweep.tracking_uri)
+    _, by_trial = _trial_runs(client, async_sweep)
+    for result in async_sweep.results:
+        run_id = by_trial[result.metrics["trial_id"]].info.run_id
+        steps = [int(float(r["envstep"])) for r in progress(result.path)]
+        assert steps == sorted(steps) and steps[-1] == result.metrics["envstep"]
+        for bare, prefixed in (("reward_mean", "eval/reward_mean"), ("envstep_per_s", "perf/envstep_per_s")):
+            a = sorted((m.step, m.value) for m in client.get_metric_history(run_id, bare))
+            b = sorted((m.step, m.value) for m in client.get_metric_history(run_id, prefixed))
+            assert a == b and [s for s, _ in a] == steps  # x: env steps, one point per report
+
+
+def test_compare_logs_to_its_own_experiment_and_prints_the_chart_view_url(async_sweep, tmp_path):
+    from conftest import run_cli
+    from mlflow.tracking import MlflowClient
+
+    uri, name = async_sweep.tracking_uri, async_sweep.experiment_name
+    res = run_cli(["compare", "--experiment", name, "--tracking-uri", uri, "--out", str(tmp_path / "p"),
+                   "--ui-url", "http://127.0.0.1:5077"], cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    client = MlflowClient(uri)
+    exp, by_trial = _trial_runs(client, async_sweep)
+    # the trials' experiment still holds exactly the 4 trial runs; no summary number among their metrics
+    assert len(by_trial) == 4 and all(r.data.tags["muzero_tune.kind"] == "trial" for r in by_trial.values())
+    assert not {k for r in by_trial.values() for k in r.data.metrics if k.split("/")[0] in ("sync", "async")}
+    chart_url = (f"http://127.0.0.1:5077/#/experiments/{exp.experiment_id}/runs"
+                 "?workflowType=machine_learning&compareRunsMode=CHART&viewStateShareKey=sync-vs-async")
+    assert f"chart view (grouped by pipeline): {chart_url}" in res.stdout
+    cmp_exp = client.get_experiment_by_name(name + "_compare")
+    assert cmp_exp.tags["mlflow.experimentKind"] == "custom_model_development"
+    assert cmp_exp.tags["muzero_tune.compares"] == name and name in cmp_exp.tags["mlflow.note.content"]
+    exp_tags = client.get_experiment(exp.experiment_id).tags
+    assert exp_tags["muzero_tune.compare_experiment"] == name + "_compare"
+    runs = client.search_runs([cmp_exp.experiment_id])
+    assert runs and all(r.data.tags["muzero_tune.kind"] == "compare" for r in runs)
+    run = runs[0]
+    assert f"#/experiments/{cmp_exp.experiment_id}/runs/{run.info.run_id}/artifacts/plots/" in res.stdout
+    assert run.data.metrics["sync/runs"] == run.data.metrics["async/runs"] == 2.0
+    arts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"plots", "summary.json", "summary.csv"} <= arts
+    table = client.download_artifacts(run.info.run_id, "summary.csv", str(tmp_path))
+    assert open(table).read().splitlines()[0] == "pipeline,runs,envstep_per_s,reward_best"
+
+
+@pytest.mark.slow
+def test_dashboard_snapshot_saves_the_runs_and_chart_views_as_pngs(async_sweep, tmp_path):
+    import shutil
+    import subprocess
+    import sys
+
+    from PIL import Image
+
+    if not any(shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome")):
+        pytest.skip("Chromium is not installed (apt-get install -y chromium)")
+    script = os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts", "dashboard_snapshot.py")
+    out = tmp_path / "img"
+    args = ["--tracking-uri", async_sweep.tracking_uri, "--experiment", async_sweep.experiment_name,
+            "--out", str(out), "--width", "1200", "--height", "800"]
+    res = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr + res.stdout
+    assert "not fully drawn" not in res.stdout, res.stdout
+    for view in ("runs", "charts"):
+        path = out / f"mlflow_{view}.png"
+        with open(path, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+        with Image.open(path) as img:
+            assert img.size == (1200, 800)
+            colors = img.convert("RGB").getcolors(maxcolors=1 << 20)
+            assert colors is None or len(colors) > 50  # a drawn page, not a blank one
+        assert os.path.getsize(path) > 20_000
+    assert "/runs?workflowType=machine_learning&compareRunsMode=CHART" in res.stdout
+    assert "mlflow ui on http://127.0.0.1:" in res.stdout
 
 
 # ---------------------------------------------------------------------------------------------- bad input
@@ -412,7 +552,7 @@ def test_cli_eval_and_resume_accept_tune_trial_paths_and_an_async_trial_resumes_
 
     from muzero_tune.cli import main as cli_main
 
-    d = trial_dirs(async_sweep.results)[0]
+    d = async_results(async_sweep)[0].path
     newest = checkpoints(d)[-1]
     for path in (d, os.path.dirname(newest), newest):
         assert cli_main(["eval", path, "--episodes", "1"]) == 0
