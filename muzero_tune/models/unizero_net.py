@@ -107,6 +107,23 @@ class _Block(nn.Module):
         x = x + self.mlp(self.ln2(x))
         return x, k, v
 
+    def attend_into(self, x: Tensor, rope, keys: Tensor, values: Tensor, bi: Tensor, pos: Tensor,
+                    mask: Tensor) -> Tensor:  # fmt: skip
+        """The block on new tokens x [B, n, E] whose keys/values are written into the cache views
+        ``keys``/``values`` [B, H, T, dh] at window positions ``pos`` [B, n] (``bi`` [B, n] the row index);
+        the queries attend over the whole cache under ``mask`` [B, 1, n, T]. Returns x'."""
+        bsz, n, e = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(bsz, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        if rope is not None:
+            cos, sin = rope
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+        keys[bi, :, pos] = k.permute(0, 2, 1, 3)  # [B, n, H, dh] into [B, H, T, dh] at (b, :, pos)
+        values[bi, :, pos] = v.permute(0, 2, 1, 3)
+        a = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)  # [B, H, n, dh]
+        x = x + self.proj(a.transpose(1, 2).reshape(bsz, n, e))
+        return x + self.mlp(self.ln2(x))
+
 
 @dataclass(frozen=True)
 class ObsHeads:
@@ -320,6 +337,8 @@ class UniZeroNet(nn.Module):
             if (use_cache and same and ctx.keys is not None)
             else np.zeros(bsz, bool)
         )
+        if cached.all() and (new_len == n).all():
+            return self._extend_cached(ctx, new, old_len, tag)
         start = np.where(cached, old_len, drop)  # first raw token fed to the transformer
         past_len = np.where(cached, old_len, 0)
         fed_raw = old_len - start  # raw window tokens fed (0 for cached rows)
@@ -375,6 +394,26 @@ class UniZeroNet(nn.Module):
             )
             kv_valid[:] = True
         return out, TokenContext(tokens, length, keys, values, kv_valid, tag)
+
+    def _extend_cached(
+        self, ctx: TokenContext, new: Tensor, old_len: np.ndarray, tag
+    ) -> tuple[Tensor, TokenContext]:
+        """:meth:`extend` when every row reuses its cache and gets all n new tokens without sliding: the new
+        keys are written into a copy of the cache and the n queries attend over it (no re-gathering)."""
+        bsz, n, _ = new.shape
+        dev = new.device
+        pos_np = old_len[:, None] + np.arange(n)[None, :]  # [B, n] window positions of the new tokens
+        pos = torch.as_tensor(pos_np, device=dev)
+        bi = torch.arange(bsz, device=dev)[:, None].expand(bsz, n)
+        keys, values = ctx.keys.to(new.dtype).clone(), ctx.values.to(new.dtype).clone()  # [B, L, H, T, dh]
+        tokens = ctx.tokens.to(new.dtype).clone()
+        tokens[bi, pos] = new
+        mask = (torch.arange(self.max_tokens, device=dev)[None, None, :] <= pos[:, :, None])[:, None]
+        x, rope = self._inputs(new, pos)
+        for layer, block in enumerate(self.blocks):
+            x = block.attend_into(x, rope, keys[:, layer], values[:, layer], bi, pos, mask)
+        length = old_len + n
+        return self.ln_f(x), TokenContext(tokens, length, keys, values, np.ones(bsz, dtype=bool), tag)
 
     # ------------------------------------------------------------------------------ context-free roots
 

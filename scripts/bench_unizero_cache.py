@@ -1,0 +1,98 @@
+"""A UniZero collect step with and without its KV caches, against MuZero's, side by side in one process.
+
+One collect step = one batched ``policy.act`` over ``--envs`` CartPole envs with the preset's simulations
+(root inference + search). The cached and uncached policies act on the same recorded observation stream with
+the same RNG seeds and must return the same actions and values (checked); rounds alternate between the three
+so every variant sees the same machine load. Prints ms per collect step and the ratios.
+
+    python scripts/bench_unizero_cache.py --steps 60 --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from muzero_tune.config import make_config
+from muzero_tune.pipeline.core import make_policy, setup_torch_threads
+
+
+def _stream(num_envs: int, steps: int, seed: int = 0) -> list[np.ndarray]:
+    """Observations [num_envs, 4] of CartPole envs under random actions (envs reset when they end)."""
+    envs = [gym.make("CartPole-v1") for _ in range(num_envs)]
+    rng = np.random.default_rng(seed)
+    obs = np.stack([e.reset(seed=seed + i)[0] for i, e in enumerate(envs)])
+    out = [obs.astype(np.float32)]
+    for _ in range(steps - 1):
+        nxt = []
+        for e in envs:
+            o, _, term, trunc, _ = e.step(int(rng.integers(2)))
+            nxt.append(e.reset()[0] if term or trunc else o)
+        out.append(np.stack(nxt).astype(np.float32))
+    return out
+
+
+def _run(policy, model, stream, seed: int):
+    """(seconds per act, actions [T, B], values [T, B]) over ``stream``."""
+    state = policy.initial_act_state(len(stream[0]))
+    legal = np.ones((len(stream[0]), policy.spec.num_actions), bool)
+    rng = np.random.default_rng(seed)
+    acts, vals = [], []
+    t0 = time.perf_counter()
+    for obs in stream:
+        out = policy.act(model, obs, legal, explore=True, temperature=1.0, rng=rng, state=state,
+                         env_index=np.arange(len(obs)))  # fmt: skip
+        state = out.state
+        acts.append(out.actions)
+        vals.append(out.root_value)
+    return (time.perf_counter() - t0) / len(stream), np.stack(acts), np.stack(vals)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--envs", type=int, default=8)
+    p.add_argument("--steps", type=int, default=60, help="collect steps per variant per round")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--preset", default="cartpole_unizero")
+    args = p.parse_args(argv)
+    setup_torch_threads()
+    variants = {}
+    for name, preset, over in (
+        ("unizero cached", args.preset, {"policy.kv_cache": True}),
+        ("unizero uncached", args.preset, {"policy.kv_cache": False}),
+        ("muzero", "cartpole_muzero", {}),
+    ):
+        cfg = make_config(preset, overrides=over)
+        policy, _ = make_policy(cfg)
+        torch.manual_seed(0)
+        variants[name] = (policy, policy.build_model().eval())
+    # the uncached model is the cached one's weights
+    variants["unizero uncached"][1].load_state_dict(variants["unizero cached"][1].state_dict())
+    stream = _stream(args.envs, args.steps)
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    for policy, model in variants.values():  # warm-up (numba, allocations)
+        _run(policy, model, stream[:3], seed=0)
+    for r in range(args.rounds):
+        results = {}
+        for name, (policy, model) in variants.items():
+            sec, acts, vals = _run(policy, model, stream, seed=r)
+            times[name].append(sec)
+            results[name] = (acts, vals)
+        np.testing.assert_array_equal(results["unizero cached"][0], results["unizero uncached"][0])
+        np.testing.assert_allclose(results["unizero cached"][1], results["unizero uncached"][1], atol=1e-4)
+    sims = variants["unizero cached"][0].cfg.mcts.num_simulations
+    base = np.median(times["muzero"])
+    print(f"collect step: {args.envs} envs, {sims} simulations (unizero), median of {args.rounds} rounds")
+    for name, ts in times.items():
+        med = np.median(ts)
+        print(f"  {name:18s} {1e3 * med:8.1f} ms/step   x{med / base:5.2f} of muzero")
+    ratio = np.median(times["unizero uncached"]) / np.median(times["unizero cached"])
+    print(f"  uncached / cached  {ratio:.2f}  (same actions and values: checked)")
+
+
+if __name__ == "__main__":
+    main()
