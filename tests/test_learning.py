@@ -1,7 +1,7 @@
 """It learns: on CartPole-v1 every policy type reaches eval reward_mean >= 195 over 8 episodes within 30k
-env steps and 10 minutes (MuZero on seeds 0, 1, 2; the other types on seed 0); the sampled types reach their
-continuous-control targets (Pendulum-v1 >= -250 within 50k env steps, InvertedPendulum-v5 >= 950 within 30k)
-and CartPole with K = 2.
+env steps and 10 minutes (MuZero and UniZero on seeds 0, 1, 2; the other types on seed 0); the sampled types
+reach their continuous-control targets (Pendulum-v1 >= -250 within 50k env steps, InvertedPendulum-v5 >= 950
+within 30k) and CartPole with K = 2.
 
 Slow (seconds to minutes per run on 2 cores): ``python -m pytest -q -m slow tests/test_learning.py``.
 """
@@ -17,7 +17,7 @@ from muzero_tune.pipeline.sync_driver import train_muzero_segment
 RUNS = [("cartpole_muzero", 0), ("cartpole_muzero", 1), ("cartpole_muzero", 2)] + [
     (f"cartpole_{t}", 0)
     for t in ("efficientzero", "gumbel_muzero", "stochastic_muzero", "muzero_context", "muzero_rnn_full_obs")
-]
+] + [("cartpole_unizero", s) for s in (0, 1, 2)]  # issue 12: unizero on seeds 0-2
 
 
 @pytest.mark.slow
