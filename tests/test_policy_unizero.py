@@ -421,3 +421,40 @@ def test_one_trial_tune_run(ray_cluster, tmp_path):
     with result.checkpoint.as_directory() as d:
         cfg2, policy, model, ckpt = load_policy(os.path.join(d, CHECKPOINT_FILE))
     assert cfg2.policy.type == "unizero" and ckpt["evaluated"]["weights"]
+
+
+def test_pong_preset_builds_acts_and_trains_one_step():
+    """The GPU preset (conv tokenizer, E = 768, 8 heads, K = 10, SimNorm) on CPU with 2 simulations."""
+    cfg = make_config("pong_unizero", overrides={"mcts.num_simulations": 2, "logging.quiet": True})
+    setup_torch_threads()
+    policy, spec = make_policy(cfg)
+    model = policy.build_model()
+    assert (model.embed_dim, model.num_heads, model.max_tokens, model.latent_norm_kind) == (
+        768,
+        8,
+        21,
+        "simnorm",
+    )
+    rng = np.random.default_rng(0)
+    obs = rng.integers(0, 255, size=(2, *spec.obs_shape), dtype=np.uint8)
+    act = policy.act(model, obs, np.ones((2, spec.num_actions), bool), explore=True, temperature=1.0, rng=rng)
+    assert act.actions.shape == (2,) and np.isfinite(act.root_value).all()
+    k, b = cfg.replay.num_unroll_steps, 2
+    batch = TrainBatch(
+        obs=rng.integers(0, 255, size=(b, k + 1, *spec.obs_shape), dtype=np.uint8),
+        actions=rng.integers(0, spec.num_actions, size=(b, k)),
+        target_value=np.zeros((b, k + 1), np.float32),
+        target_reward=np.zeros((b, k), np.float32),
+        target_policy=np.full((b, k + 1, spec.num_actions), 1 / spec.num_actions, np.float32),
+        value_mask=np.ones((b, k + 1), np.float32),
+        reward_mask=np.ones((b, k), np.float32),
+        policy_mask=np.ones((b, k + 1), np.float32),
+        obs_mask=np.ones((b, k + 1), np.float32),
+        weights=np.ones(b, np.float32),
+        flat_index=np.arange(b),
+        make_time=0,
+        extras={TARGET_LATENT: model.latent_norm(torch.randn(b, k, 768)).numpy()},
+    )
+    out = policy.compute_loss(model.train(), batch, train_iter=0)
+    out.loss.backward()
+    assert math.isfinite(float(out.loss.detach())) and model.tokenizer[0].weight.grad is not None
