@@ -239,4 +239,5 @@ def test_standalone_runs_log_to_mlflow_by_env_steps_and_compare_reads_them(train
         "envstep_per_s.png",
         "reward_vs_envstep.png",
         "reward_vs_wall.png",
+        "summary.csv",  # the summary table, also logged to the comparison experiment
     ]
