@@ -31,7 +31,7 @@ import numpy as np
 CHANCE_MODES = {"sample": 0, "prior_weighted": 1}
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, _nrt=False, inline="always")
 def chance_edge(children, prior, visit_count, b, node, num_chances, chance_mode):
     """The chance code a simulation follows at chance node ``node`` of tree ``b`` (module rule)."""
     edge = -1

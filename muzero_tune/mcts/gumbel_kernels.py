@@ -87,7 +87,7 @@ def considered_visit_table(max_considered: int, num_simulations: int) -> np.ndar
     return table
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, _nrt=False)
 def prepare_considered(
     root_legal, root_logits, gumbel, considered, num_considered, batch_size, num_actions, max_considered
 ):
@@ -113,7 +113,7 @@ def prepare_considered(
         num_considered[b] = k
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, _nrt=False, inline="always")
 def completed_sigma(children, prior, visit_count, value_sum, reward, raw_value, root_legal, cq, sigma, b,
                     node, num_actions, discount, value_delta_max, c_visit, c_scale):
     """Write the completed Q ``cq[b, :A]`` and ``sigma[b, :A]`` of ``node``'s edges (module rules). Returns
@@ -165,7 +165,7 @@ def completed_sigma(children, prior, visit_count, value_sum, reward, raw_value, 
     return sum_n
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, _nrt=False)
 def select_leaves(children, logits, prior, kind, visit_count, value_sum, reward, raw_value, root_legal,
                   gumbel, num_considered, visit_table, cq, sigma, scores, path, path_len, sel_parent,
                   sel_action, sel_kind, root_trace, sim, batch_size, num_actions, discount, value_delta_max,
@@ -224,7 +224,7 @@ def select_leaves(children, logits, prior, kind, visit_count, value_sum, reward,
         end_descent(path_len, sel_parent, sel_action, sel_kind, kind, b, node, depth, action)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, _nrt=False)
 def root_outputs(children, logits, prior, visit_count, value_sum, reward, raw_value, root_legal, gumbel, cq,
                  sigma, batch_size, num_actions, discount, value_delta_max, c_visit, c_scale, out_completed_q,
                  out_improved, out_selected, out_most_visited):

@@ -12,8 +12,11 @@ What this module owns
 
     The per-variant selection rules live beside it (:mod:`muzero_tune.mcts.puct` for MuZero's pUCT and
     chance nodes, :mod:`muzero_tune.mcts.gumbel_kernels` for Gumbel MuZero) and call the ``inline="always"``
-    pieces here, which numba inlines at the call site (no call, no array refcounting), so sharing costs
-    nothing. :mod:`muzero_tune.mcts.reference` is the plain-Python executable specification of the same
+    pieces here, which numba inlines at the call site. Every kernel and piece is compiled without numba's
+    runtime (``_nrt=False``): inlining alone does not remove reference counting -- each inlined piece that
+    takes arrays still cost atomic increfs/decrefs per call (28 and 29 NRT calls in the select and backup
+    kernels, about 2x their time at B = 8); without the runtime there are none, and a kernel that tried to
+    allocate would not compile (which is the rule below). :mod:`muzero_tune.mcts.reference` is the plain-Python executable specification of the same
     rules; the kernels reproduce its visit counts bit for bit, so the float operation order is the same
     there (float64 everywhere, sequential sums, no fastmath).
 
@@ -65,13 +68,13 @@ CHANCE = 1
 TIE_TOLERANCE = 1e-9
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, _nrt=False)
 def seed_rng(seed):
     """Seed numba's internal RNG (random tie-breaks, chance sampling). ``seed``: int in [0, 2**31)."""
     np.random.seed(seed)
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, _nrt=False, inline="always")
 def normalise(q, lo, hi, value_delta_max):
     """(q - lo) / max(hi - lo, value_delta_max), clipped to [0, 1]; 0 when that span is 0."""
     span = hi - lo
@@ -87,7 +90,7 @@ def normalise(q, lo, hi, value_delta_max):
     return x
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, _nrt=False, inline="always")
 def softmax_into(out, b, node, src, width):
     """out[b, node, :width] = softmax(src[b, :width]) (max-shifted, sequential sum)."""
     m = -np.inf
@@ -103,7 +106,7 @@ def softmax_into(out, b, node, src, width):
         out[b, node, a] = out[b, node, a] / total
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, _nrt=False, inline="always")
 def node_discount(kind, b, node, discount, chance_edges):
     """d(node): ``discount``, or 1 for a chance node when chance edges are on."""
     if chance_edges and kind[b, node] == CHANCE:
@@ -111,7 +114,7 @@ def node_discount(kind, b, node, discount, chance_edges):
     return discount
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, _nrt=False, inline="always")
 def reset_tree(children, prior, kind, visit_count, value_sum, reward, raw_value, b, num_nodes):
     """Clear nodes ``[0, num_nodes)`` of tree ``b`` (every edge unexpanded, prior 0)."""
     width = children.shape[2]
@@ -126,7 +129,7 @@ def reset_tree(children, prior, kind, visit_count, value_sum, reward, raw_value,
         kind[b, n] = DECISION
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, _nrt=False, inline="always")
 def mix_root_noise(prior, root_noise, root_legal, b, num_edges, noise_weight):
     """prior[b, 0, e] = (1 - w) * prior + w * eta over the legal root edges, eta = the Gamma draws
     root_noise[b] normalised over them (a Dirichlet sample)."""
@@ -146,7 +149,7 @@ def mix_root_noise(prior, root_noise, root_legal, b, num_edges, noise_weight):
             prior[b, 0, a] = (1.0 - noise_weight) * prior[b, 0, a] + noise_weight * eta
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, _nrt=False, inline="always")
 def count_root_visit(visit_count, value_sum, raw_value, min_value, max_value, root_value, b, discount):
     """The initial inference is the root's first visit; its Q (reward 0) seeds the min-max stats."""
     v = root_value[b]
@@ -158,7 +161,7 @@ def count_root_visit(visit_count, value_sum, raw_value, min_value, max_value, ro
     max_value[b] = q
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, _nrt=False)
 def prepare_roots(children, prior, logits, kind, visit_count, value_sum, reward, raw_value, min_value,
                   max_value, root_legal, root_logits, root_noise, root_value, batch_size, num_nodes,
                   num_actions, add_noise, noise_weight, discount):
@@ -189,7 +192,7 @@ def prepare_roots(children, prior, logits, kind, visit_count, value_sum, reward,
         count_root_visit(visit_count, value_sum, raw_value, min_value, max_value, root_value, b, discount)
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, _nrt=False, inline="always")
 def attach_leaf(children, kind, reward, raw_value, path, path_len, sel_parent, sel_action, leaf_reward,
                 leaf_value, b, new_node, new_kind):
     """Make ``new_node`` (kind, staged reward and network value) the child at (sel_parent, sel_action) of
@@ -203,7 +206,7 @@ def attach_leaf(children, kind, reward, raw_value, path, path_len, sel_parent, s
     path_len[b] = n + 1
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, _nrt=False, inline="always")
 def backup_path(kind, visit_count, value_sum, reward, min_value, max_value, path, path_len, b, g, discount,
                 chance_edges):
     """Back the leaf value ``g`` up the current path of tree ``b`` (module rules: values, visits, min-max
@@ -226,7 +229,7 @@ def backup_path(kind, visit_count, value_sum, reward, min_value, max_value, path
     max_value[b] = hi
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, _nrt=False)
 def expand_and_backup(children, prior, logits, kind, visit_count, value_sum, reward, raw_value, min_value,
                       max_value, path, path_len, sel_parent, sel_action, sel_kind, leaf_reward, leaf_value,
                       leaf_logits, new_node, batch_size, num_actions, num_chances, discount, chance_edges):
@@ -251,7 +254,7 @@ def expand_and_backup(children, prior, logits, kind, visit_count, value_sum, rew
                     leaf_value[b], discount, chance_edges)
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, _nrt=False, inline="always")
 def end_descent(path_len, sel_parent, sel_action, sel_kind, kind, b, node, depth, edge):
     """Record the end of a descent: the path length, the parent of the unexpanded edge, the edge, its kind."""
     path_len[b] = depth + 1
@@ -260,7 +263,7 @@ def end_descent(path_len, sel_parent, sel_action, sel_kind, kind, b, node, depth
     sel_kind[b] = kind[b, node]
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, _nrt=False)
 def root_statistics(
     children, visit_count, value_sum, batch_size, num_actions, out_visit_counts, out_root_value
 ):

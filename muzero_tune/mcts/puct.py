@@ -32,7 +32,7 @@ from muzero_tune.mcts.kernels import CHANCE, TIE_TOLERANCE, end_descent, node_di
 # The kernels take every tree array explicitly (numba compiles one signature per kernel); one argument per
 # line would make each signature and call 20-30 lines long, so the formatter leaves this module as written.
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, _nrt=False, inline="always")
 def puct_edge(children, prior, kind, visit_count, value_sum, reward, root_legal, scores, b, node, lo, hi,
               num_actions, pb_c_base, pb_c_init, discount, value_delta_max, deterministic, chance_edges):
     """The pUCT edge at decision node ``node`` of tree ``b`` (module rule); scores [Bc, W] is scratch."""
@@ -79,7 +79,7 @@ def puct_edge(children, prior, kind, visit_count, value_sum, reward, root_legal,
     return action
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, _nrt=False)
 def select_leaves(children, prior, kind, visit_count, value_sum, reward, min_value, max_value, root_legal,
                   scores, path, path_len, sel_parent, sel_action, sel_kind, batch_size, num_actions,
                   num_chances, pb_c_base, pb_c_init, discount, value_delta_max, deterministic, chance_edges,

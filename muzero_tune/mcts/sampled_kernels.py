@@ -59,7 +59,7 @@ TANH_EPS = 1e-6
 HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, _nrt=False, inline="always")
 def sample_node(node_actions, prior, slot_score, params, normal_noise, gumbel_noise, legal, taken, b, node,
                 num_slots, action_dim, num_env_actions, continuous, uniform_prior, use_legal):
     """Draw the K edges of ``node`` in tree ``b`` from ``params[b]`` with the staged noise and write their
@@ -123,7 +123,7 @@ def sample_node(node_actions, prior, slot_score, params, normal_noise, gumbel_no
     return num_valid
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, _nrt=False)
 def prepare_roots(children, prior, kind, visit_count, value_sum, reward, raw_value, min_value, max_value,
                   root_legal, root_noise, root_value, node_actions, slot_score, root_params, normal_noise,
                   gumbel_noise, action_legal, taken, batch_size, num_nodes, num_slots, action_dim,
@@ -143,7 +143,7 @@ def prepare_roots(children, prior, kind, visit_count, value_sum, reward, raw_val
         count_root_visit(visit_count, value_sum, raw_value, min_value, max_value, root_value, b, discount)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, _nrt=False)
 def expand_and_backup(children, prior, kind, visit_count, value_sum, reward, raw_value, min_value, max_value,
                       path, path_len, sel_parent, sel_action, leaf_reward, leaf_value, node_actions,
                       slot_score, leaf_params, normal_noise, gumbel_noise, action_legal, taken, new_node,
