@@ -286,7 +286,7 @@ class PolicyConfig:
         choices=("uniform", "density"),
     )
     policy_entropy_weight: float = param(
-        5e-3, "sampled_*: weight of the policy entropy bonus in the policy loss", ge=0.0
+        5e-3, "sampled_* and unizero: weight of the policy entropy bonus in the policy loss", ge=0.0
     )
     # stochastic_muzero
     chance_space_size: int = param(8, "stochastic_muzero: number of chance outcomes (codebook size)", ge=1)
@@ -579,6 +579,11 @@ PRESETS["cartpole_sampled_muzero"] = {
     "exp_name": "cartpole_sampled_muzero",
     "policy.type": "sampled_muzero",
     "policy.num_samples": 2,
+}
+PRESETS["cartpole_sampled_efficientzero"] = {
+    **PRESETS["cartpole_sampled_muzero"],
+    "exp_name": "cartpole_sampled_efficientzero",
+    "policy.type": "sampled_efficientzero",
 }
 PRESETS["pong_sampled_efficientzero"] = {
     **PRESETS["pong_muzero"],

@@ -16,9 +16,9 @@ What this module owns
     runtime (``_nrt=False``): inlining alone does not remove reference counting -- each inlined piece that
     takes arrays still cost atomic increfs/decrefs per call (28 and 29 NRT calls in the select and backup
     kernels, about 2x their time at B = 8); without the runtime there are none, and a kernel that tried to
-    allocate would not compile (which is the rule below). :mod:`muzero_tune.mcts.reference` is the plain-Python executable specification of the same
-    rules; the kernels reproduce its visit counts bit for bit, so the float operation order is the same
-    there (float64 everywhere, sequential sums, no fastmath).
+    allocate would not compile (which is the rule below). :mod:`muzero_tune.mcts.reference` is the
+    plain-Python executable specification of the same rules; the kernels reproduce its visit counts bit for
+    bit, so the float operation order is the same there (float64 everywhere, sequential sums, no fastmath).
 
 What it must never do
     * allocate per simulation: every kernel writes into the preallocated arrays of
