@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from muzero_tune.mcts import sampled_kernels as smk
-from muzero_tune.mcts.search import MuZeroSearch, _check_latent, _check_shape, _stage
+from muzero_tune.mcts.search import MuZeroSearch, _check_latent, _check_shape, _stage, call_recurrent
 from muzero_tune.mcts.tree import TreeArrays
 
 SAMPLED_PRIORS = ("uniform", "density")
@@ -171,7 +171,7 @@ class SampledSearch(MuZeroSearch):
         parent_node = torch.from_numpy(t.sel_parent[:bsz]).to(device=latents.device, dtype=torch.long)
         parent_latent = latents[parent_node, batch_index]  # [B, *latent_shape]
         actions = self._env_actions(bsz, t.sel_parent[:bsz], t.sel_action[:bsz])
-        next_latent, reward, value, params = recurrent_fn(parent_latent, actions)
+        next_latent, reward, value, params = call_recurrent(recurrent_fn, parent_latent, actions, t, bsz, sim)
         _check_latent(next_latent, (bsz, *latents.shape[2:]))
         latents[sim + 1, :bsz].copy_(next_latent)
         _stage("reward", t.leaf_reward[:bsz], reward)
