@@ -47,6 +47,7 @@ from muzero_tune.mcts.kernels import (
     count_root_visit,
     mix_root_noise,
     reset_tree,
+    softmax_into,
 )
 
 # fmt: off
@@ -109,17 +110,7 @@ def sample_node(node_actions, prior, slot_score, params, normal_noise, gumbel_no
         for k in range(num_valid):
             prior[b, node, k] = 1.0 / num_valid
     else:
-        m = -np.inf
-        for k in range(num_valid):
-            if slot_score[b, k] > m:
-                m = slot_score[b, k]
-        total = 0.0
-        for k in range(num_valid):
-            e = math.exp(slot_score[b, k] - m)
-            prior[b, node, k] = e
-            total += e
-        for k in range(num_valid):
-            prior[b, node, k] = prior[b, node, k] / total
+        softmax_into(prior, b, node, slot_score, num_valid)
     return num_valid
 
 
