@@ -78,7 +78,7 @@ def time_kernels(
     select_args = (
         t.children, t.prior, t.kind, t.visit_count, t.value_sum, t.reward, t.min_value, t.max_value,
         t.root_legal, t.scores, t.path, t.path_len, t.sel_parent, t.sel_action, t.sel_kind, batch_size,
-        num_actions, num_actions, pb_c_base, pb_c_init, discount, value_delta_max, True, False, 0,
+        num_actions, num_actions, pb_c_base, pb_c_init, discount, value_delta_max, True, 0,
     )  # fmt: skip
     backup_args = (t.path, t.path_len, t.sel_parent, t.sel_action, t.sel_kind, t.leaf_reward, t.leaf_value,
                    t.leaf_logits)  # fmt: skip
@@ -100,7 +100,7 @@ def time_kernels(
             puct.select_leaves(*select_args)
             t1 = clock()
             kernels.expand_and_backup(
-                *tree_args, *backup_args, sim + 1, batch_size, num_actions, num_actions, discount, False
+                *tree_args, *backup_args, sim + 1, batch_size, num_actions, num_actions, discount
             )
             t2 = clock()
             select_ns += t1 - t0

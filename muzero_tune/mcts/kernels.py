@@ -229,29 +229,39 @@ def backup_path(kind, visit_count, value_sum, reward, min_value, max_value, path
     max_value[b] = hi
 
 
-@numba.njit(cache=True, _nrt=False)
-def expand_and_backup(children, prior, logits, kind, visit_count, value_sum, reward, raw_value, min_value,
-                      max_value, path, path_len, sel_parent, sel_action, sel_kind, leaf_reward, leaf_value,
-                      leaf_logits, new_node, batch_size, num_actions, num_chances, discount, chance_edges):
-    """Attach node ``new_node`` at (sel_parent, sel_action) in every tree and back its value up to the root.
+def _make_expand_and_backup(chance_edges):
+    """The expansion + backup kernel with the chance-edge rule compiled in (a compile-time constant, so the
+    kernel without chance nodes carries no kind checks); each variant is cached on its own."""
 
-    leaf_reward [Bc], leaf_value [Bc], leaf_logits [Bc, W] float64: the network outputs for the new nodes
-    (policy logits over A for a decision node, chance logits over C for a chance node). ``chance_edges``:
-    the new node's kind alternates with its parent's and chance nodes do not discount (module rules).
-    """
-    for b in range(batch_size):
-        width = num_actions
-        new_kind = DECISION
-        if chance_edges and sel_kind[b] == DECISION:
-            width = num_chances
-            new_kind = CHANCE
-        attach_leaf(children, kind, reward, raw_value, path, path_len, sel_parent, sel_action, leaf_reward,
-                    leaf_value, b, new_node, new_kind)
-        for a in range(width):
-            logits[b, new_node, a] = leaf_logits[b, a]
-        softmax_into(prior, b, new_node, leaf_logits, width)
-        backup_path(kind, visit_count, value_sum, reward, min_value, max_value, path, path_len, b,
-                    leaf_value[b], discount, chance_edges)
+    @numba.njit(cache=True, _nrt=False)
+    def expand_and_backup(children, prior, logits, kind, visit_count, value_sum, reward, raw_value,
+                          min_value, max_value, path, path_len, sel_parent, sel_action, sel_kind, leaf_reward,
+                          leaf_value, leaf_logits, new_node, batch_size, num_actions, num_chances, discount):
+        """Attach node ``new_node`` at (sel_parent, sel_action) in every tree and back its value up.
+
+        leaf_reward [Bc], leaf_value [Bc], leaf_logits [Bc, W] float64: the network outputs for the new nodes
+        (policy logits over A for a decision node, chance logits over C for a chance node). With chance
+        edges the new node's kind alternates with its parent's and chance nodes do not discount.
+        """
+        for b in range(batch_size):
+            width = num_actions
+            new_kind = DECISION
+            if chance_edges and sel_kind[b] == DECISION:
+                width = num_chances
+                new_kind = CHANCE
+            attach_leaf(children, kind, reward, raw_value, path, path_len, sel_parent, sel_action,
+                        leaf_reward, leaf_value, b, new_node, new_kind)
+            for a in range(width):
+                logits[b, new_node, a] = leaf_logits[b, a]
+            softmax_into(prior, b, new_node, leaf_logits, width)
+            backup_path(kind, visit_count, value_sum, reward, min_value, max_value, path, path_len, b,
+                        leaf_value[b], discount, chance_edges)
+
+    return expand_and_backup
+
+
+expand_and_backup = _make_expand_and_backup(False)  # trees of decision nodes only
+expand_and_backup_chance = _make_expand_and_backup(True)  # decision and chance nodes (Stochastic MuZero)
 
 
 @numba.njit(cache=True, _nrt=False, inline="always")

@@ -79,34 +79,44 @@ def puct_edge(children, prior, kind, visit_count, value_sum, reward, root_legal,
     return action
 
 
-@numba.njit(cache=True, _nrt=False)
-def select_leaves(children, prior, kind, visit_count, value_sum, reward, min_value, max_value, root_legal,
-                  scores, path, path_len, sel_parent, sel_action, sel_kind, batch_size, num_actions,
-                  num_chances, pb_c_base, pb_c_init, discount, value_delta_max, deterministic, chance_edges,
-                  chance_mode):
-    """Descend every tree from the root until an unexpanded edge is chosen.
+def _make_select_leaves(chance_edges):
+    """The descent kernel with the chance-edge rule compiled in: ``chance_edges`` is a compile-time constant,
+    so MuZero's kernel carries no chance branch at all; each variant is cached on its own."""
 
-    Writes path[b, :path_len[b]] (root .. parent), sel_parent[b], sel_action[b] and sel_kind[b] (the kind of
-    sel_parent: which network call expands the edge) for b < batch_size. Without ``chance_edges`` every
-    node is a decision node and the chance rule is never reached.
-    """
-    for b in range(batch_size):
-        lo = min_value[b]
-        hi = max_value[b]
-        node = 0
-        depth = 0
-        path[b, 0] = 0
-        while True:
-            if chance_edges and kind[b, node] == CHANCE:
-                edge = chance_edge(children, prior, visit_count, b, node, num_chances, chance_mode)
-            else:
-                edge = puct_edge(children, prior, kind, visit_count, value_sum, reward, root_legal, scores, b,
-                                 node, lo, hi, num_actions, pb_c_base, pb_c_init, discount, value_delta_max,
-                                 deterministic, chance_edges)
-            child = children[b, node, edge]
-            if child < 0:
-                break
-            depth += 1
-            path[b, depth] = child
-            node = child
-        end_descent(path_len, sel_parent, sel_action, sel_kind, kind, b, node, depth, edge)
+    @numba.njit(cache=True, _nrt=False)
+    def select_leaves(children, prior, kind, visit_count, value_sum, reward, min_value, max_value,
+                      root_legal, scores, path, path_len, sel_parent, sel_action, sel_kind, batch_size,
+                      num_actions, num_chances, pb_c_base, pb_c_init, discount, value_delta_max,
+                      deterministic, chance_mode):
+        """Descend every tree from the root until an unexpanded edge is chosen.
+
+        Writes path[b, :path_len[b]] (root .. parent), sel_parent[b], sel_action[b] and sel_kind[b] (the kind
+        of sel_parent: which network call expands the edge) for b < batch_size. Without chance edges every
+        node is a decision node and the chance rule is not compiled in.
+        """
+        for b in range(batch_size):
+            lo = min_value[b]
+            hi = max_value[b]
+            node = 0
+            depth = 0
+            path[b, 0] = 0
+            while True:
+                if chance_edges and kind[b, node] == CHANCE:
+                    edge = chance_edge(children, prior, visit_count, b, node, num_chances, chance_mode)
+                else:
+                    edge = puct_edge(children, prior, kind, visit_count, value_sum, reward, root_legal,
+                                     scores, b, node, lo, hi, num_actions, pb_c_base, pb_c_init, discount,
+                                     value_delta_max, deterministic, chance_edges)
+                child = children[b, node, edge]
+                if child < 0:
+                    break
+                depth += 1
+                path[b, depth] = child
+                node = child
+            end_descent(path_len, sel_parent, sel_action, sel_kind, kind, b, node, depth, edge)
+
+    return select_leaves
+
+
+select_leaves = _make_select_leaves(False)  # MuZero, Sampled MuZero: decision nodes only
+select_leaves_chance = _make_select_leaves(True)  # Stochastic MuZero: decision and chance nodes

@@ -302,11 +302,12 @@ class TreeSearch(Search):
     def _backup(self, bsz: int, sim: int) -> None:
         """Attach node ``sim + 1`` in every tree and back its value up (the shared core)."""
         t = self._tree
-        kernels.expand_and_backup(
+        kernel = kernels.expand_and_backup_chance if self.chance_edges else kernels.expand_and_backup
+        kernel(
             t.children, t.prior, t.logits, t.kind, t.visit_count, t.value_sum, t.reward, t.raw_value,
             t.min_value, t.max_value, t.path, t.path_len, t.sel_parent, t.sel_action, t.sel_kind,
             t.leaf_reward, t.leaf_value, t.leaf_logits, sim + 1, bsz, self._num_actions, self.num_chances,
-            self.discount, self.chance_edges,
+            self.discount,
         )  # fmt: skip
 
     def _outputs(self, bsz: int) -> SearchOutput:
@@ -399,11 +400,12 @@ class MuZeroSearch(TreeSearch):
 
     def _select(self, bsz: int, sim: int, deterministic: bool) -> None:
         t = self._tree
-        puct.select_leaves(
+        kernel = puct.select_leaves_chance if self.chance_edges else puct.select_leaves
+        kernel(
             t.children, t.prior, t.kind, t.visit_count, t.value_sum, t.reward, t.min_value, t.max_value,
             t.root_legal, t.scores, t.path, t.path_len, t.sel_parent, t.sel_action, t.sel_kind, bsz,
             self._num_actions, self.num_chances, self.pb_c_base, self.pb_c_init, self.discount,
-            self.value_delta_max, deterministic, self.chance_edges, self._chance_mode,
+            self.value_delta_max, deterministic, self._chance_mode,
         )  # fmt: skip
 
 
