@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from muzero_tune.mcts import gumbel_kernels as gk
-from muzero_tune.mcts.search import TreeSearch
+from muzero_tune.mcts.search import TreeSearch, fast
 from muzero_tune.mcts.tree import TreeArrays
 
 
@@ -104,7 +104,7 @@ class GumbelMuZeroSearch(TreeSearch):
 
     def _select(self, bsz: int, sim: int, deterministic: bool) -> None:
         t = self._tree
-        gk.select_leaves(
+        fast(gk.select_leaves)(
             t.children, t.logits, t.prior, t.kind, t.visit_count, t.value_sum, t.reward, t.raw_value,
             t.root_legal, t.gumbel, t.num_considered, self._visit_table, t.cq, t.sigma, t.scores, t.path,
             t.path_len, t.sel_parent, t.sel_action, t.sel_kind, t.root_trace, sim, bsz, self._num_actions,

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from muzero_tune.mcts import sampled_kernels as smk
-from muzero_tune.mcts.search import MuZeroSearch, _check_latent, _check_shape, _stage, call_recurrent
+from muzero_tune.mcts.search import MuZeroSearch, _check_latent, _check_shape, _stage, call_recurrent, fast
 from muzero_tune.mcts.tree import TreeArrays
 
 SAMPLED_PRIORS = ("uniform", "density")
@@ -181,7 +181,7 @@ class SampledSearch(MuZeroSearch):
 
     def _backup(self, bsz: int, sim: int) -> None:
         t = self._tree
-        smk.expand_and_backup(
+        fast(smk.expand_and_backup)(
             t.children, t.prior, t.kind, t.visit_count, t.value_sum, t.reward, t.raw_value, t.min_value,
             t.max_value, t.path, t.path_len, t.sel_parent, t.sel_action, t.leaf_reward, t.leaf_value,
             t.node_actions, t.slot_score, t.leaf_params, t.normal_noise, t.gumbel_noise, t.action_legal,
