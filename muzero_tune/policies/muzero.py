@@ -140,6 +140,16 @@ class MuZeroPolicy(Policy):
             predicted_value=predicted,
         )
 
+    def _acting_rows(self, batch: int, state, env_index) -> tuple:
+        """(state, env_index [B] int64) for a stateful type's ``act``: a caller without acting state gets a
+        fresh one in which every row starts an episode."""
+        if state is None:
+            state, env_index = self.initial_act_state(batch), None
+        env_index = np.arange(batch) if env_index is None else np.asarray(env_index, dtype=np.int64)
+        if env_index.shape != (batch,):
+            raise ValueError(f"env_index must have shape ({batch},), got {env_index.shape}")
+        return state, env_index
+
     def _edge_actions(self, out, edges: np.ndarray) -> np.ndarray:
         """The env actions of the chosen root edges [B] (here the edges are the actions)."""
         return edges.astype(np.int64)

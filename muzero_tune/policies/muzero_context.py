@@ -141,12 +141,7 @@ class CarriedStatePolicy(MuZeroPolicy):
     def act(
         self, model, obs, legal_mask, *, explore, temperature, rng, state=None, env_index=None
     ) -> ActOutput:
-        batch = len(obs)
-        if state is None:  # a caller without acting state: every row starts an episode
-            state, env_index = self.initial_act_state(batch), None
-        env_index = np.arange(batch) if env_index is None else np.asarray(env_index, dtype=np.int64)
-        if env_index.shape != (batch,):
-            raise ValueError(f"env_index must have shape ({batch},), got {env_index.shape}")
+        state, env_index = self._acting_rows(len(obs), state, env_index)
         deterministic = (not explore) and self.cfg.mcts.deterministic_eval
         with eval_mode(model):
             obs_t = torch.as_tensor(obs, device=self._device(model))
@@ -154,13 +149,11 @@ class CarriedStatePolicy(MuZeroPolicy):
             out, predicted = self._search_from(
                 model, root, legal_mask, add_noise=explore, deterministic=deterministic, rng=rng
             )
-        actions = select_action(
+        actions = self._edge_actions(out, select_action(
             out.visit_counts, temperature=temperature if explore else 0.0, rng=rng, deterministic=not explore
-        ).astype(np.int64)
+        ))  # fmt: skip
         stats = {
-            "child_visits": out.visit_distribution.astype(np.float32),
-            "root_value": out.root_value.astype(np.float32),
-            "legal_mask": np.asarray(legal_mask, dtype=bool),
+            **self._step_stats(out, legal_mask),
             **extra,
         }
         return ActOutput(
