@@ -114,7 +114,8 @@ def test_search_matches_reference_with_value_prefix_rewards_and_horizon_resets()
         root_latent=ref_ez.root_ids(), root_policy_logits=root.policy_logits.numpy(), legal_mask=legal,
         recurrent_fn=ref_ez, num_simulations=sims, add_noise=True, deterministic=True,
         rng=np.random.default_rng(5),
-        root_value=logits_to_scalar_np(root.value_logits.numpy(), support_size=model.value_support_size), pb_c_base=m.pb_c_base, pb_c_init=m.pb_c_init, discount=m.discount,
+        root_value=logits_to_scalar_np(root.value_logits.numpy(), support_size=model.value_support_size),
+        pb_c_base=m.pb_c_base, pb_c_init=m.pb_c_init, discount=m.discount,
         dirichlet_alpha=m.root_dirichlet_alpha, noise_weight=m.root_noise_weight,
         value_delta_max=m.value_delta_max,
     )

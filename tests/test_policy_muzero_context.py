@@ -180,7 +180,9 @@ def test_search_from_a_carried_root_matches_the_reference_search():
         root_latent=spy.roots[-1], root_policy_logits=model.predict(spy.roots[-1])[1].numpy(),
         legal_mask=np.ones((3, 2), bool), recurrent_fn=policy._recurrent_fn(model),
         num_simulations=m.num_simulations, add_noise=False, deterministic=True, rng=np.random.default_rng(0),
-        root_value=logits_to_scalar_np(model.predict(spy.roots[-1])[0].numpy(), support_size=model.value_support_size),
+        root_value=logits_to_scalar_np(
+            model.predict(spy.roots[-1])[0].numpy(), support_size=model.value_support_size
+        ),
         pb_c_base=m.pb_c_base, pb_c_init=m.pb_c_init, discount=m.discount, value_delta_max=m.value_delta_max,
     )
     np.testing.assert_array_equal(out.step_stats["child_visits"], ref.visit_distribution)

@@ -96,8 +96,8 @@ def test_kernel_search_matches_reference(chance_selection, bsz, num_actions, num
     search = StochasticMuZeroSearch(num_actions=num_actions, num_chances=num_chances, num_simulations=sims,
                                     discount=discount, chance_selection=chance_selection)
     kw = dict(root_latent=model.latent(states), root_policy_logits=model.logits[states], legal_mask=legal,
-              root_value=model.value[states], recurrent_fn=model.recurrent_fn, afterstate_fn=model.afterstate_fn, add_noise=add_noise,
-              deterministic=deterministic)
+              root_value=model.value[states], recurrent_fn=model.recurrent_fn,
+              afterstate_fn=model.afterstate_fn, add_noise=add_noise, deterministic=deterministic)
     out = search.run(**kw, rng=np.random.default_rng(11))
     kernel_calls = dict(model.calls)
     visits, root_value, roots, ref_calls = reference_stochastic_search(
@@ -137,7 +137,8 @@ def test_chance_outcomes_follow_the_chance_prior():
     states = np.arange(bsz)
     for _ in range(runs):
         search.run(root_latent=model.latent(states), root_policy_logits=model.logits[states],
-                   root_value=model.value[states], legal_mask=np.ones((bsz, 1), bool), recurrent_fn=model.recurrent_fn,
+                   root_value=model.value[states], legal_mask=np.ones((bsz, 1), bool),
+                   recurrent_fn=model.recurrent_fn,
                    afterstate_fn=model.afterstate_fn, add_noise=False, deterministic=True, rng=rng)
         tree = search.tree
         assert (tree.kind[:bsz, 1] == CHANCE).all()
@@ -152,7 +153,8 @@ def test_chance_outcomes_follow_the_chance_prior():
     pw = StochasticMuZeroSearch(num_actions=1, num_chances=4, num_simulations=sims,
                                 chance_selection="prior_weighted")
     pw.run(root_latent=model.latent(states), root_policy_logits=model.logits[states],
-           root_value=model.value[states], legal_mask=np.ones((bsz, 1), bool), recurrent_fn=model.recurrent_fn,
+           root_value=model.value[states], legal_mask=np.ones((bsz, 1), bool),
+           recurrent_fn=model.recurrent_fn,
            afterstate_fn=model.afterstate_fn, add_noise=False, deterministic=True, rng=rng)
     kids = pw.tree.children[:bsz, 1, :4]
     n = np.take_along_axis(pw.tree.visit_count[:bsz], kids, 1)
