@@ -295,7 +295,7 @@ def test_ray_local_mode_runs_actors_in_the_driver_process(tmp_path, async_small)
     assert out["results"] > 0 and out["mismatches"] == 0
 
 
-# ---------------------------------------------------------------------------------------------- policy lag, budgets
+# ---------------------------------------------------------------------------------------- policy lag, budgets
 
 
 def test_policy_lag_is_reported_at_launch_and_at_push(basic):
