@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from muzero_tune.models.efficientzero_net import LstmState, build_efficientzero_network
-from muzero_tune.models.support import logits_to_scalar, logits_to_scalar_np
+from muzero_tune.models.support import logits_to_scalar_np
 from muzero_tune.policies.muzero import MuZeroPolicy
 from muzero_tune.replay.targets import TrainBatch
 
@@ -152,22 +152,15 @@ class EfficientZeroPolicy(MuZeroPolicy):
         model.eval()
         dev = self._device(model)
         root = model.initial_inference(torch.as_tensor(obs, device=dev))
-        predicted = logits_to_scalar(root.value_logits.float(), support_size=model.value_support_size)
         b = root.latent.shape[0]
         zeros = torch.zeros(b, dtype=root.latent.dtype, device=root.latent.device)
         packed = pack_search_state(root.latent, model.initial_lstm_state(b, like=root.latent), zeros, zeros)
-        out = self._search.run(
-            root_latent=packed,
-            root_policy_logits=root.policy_logits.float().cpu().numpy(),
-            legal_mask=np.asarray(legal_mask, dtype=bool),
-            recurrent_fn=self._recurrent_fn(model),
-            add_noise=add_noise,
-            deterministic=deterministic,
-            rng=rng,
-            root_value=predicted.cpu().numpy(),
-        )
+        out = self._run_search(
+            model, packed, root.policy_logits, root.value_logits, legal_mask,
+            add_noise=add_noise, deterministic=deterministic, rng=rng,
+        )  # fmt: skip
         model.train(was_training)
-        return out, predicted.cpu().numpy().astype(np.float32)
+        return out
 
     # ---------------------------------------------------------------- targets
 

@@ -109,10 +109,23 @@ class MuZeroPolicy(Policy):
         model.eval()
         dev = self._device(model)
         root = model.initial_inference(torch.as_tensor(obs, device=dev))
-        predicted = logits_to_scalar(root.value_logits.float(), support_size=model.value_support_size)
+        out = self._run_search(
+            model, root.latent, root.policy_logits, root.value_logits, legal_mask,
+            add_noise=add_noise, deterministic=deterministic, rng=rng,
+        )  # fmt: skip
+        model.train(was_training)
+        return out
+
+    def _run_search(self, model, root_latent, policy_logits, value_logits, legal_mask, *, add_noise,
+                    deterministic, rng):  # fmt: skip
+        """The search from roots given as the network sees them: ``root_latent`` [B, ...] (the search state),
+        ``policy_logits`` [B, P] and ``value_logits`` [B, 2Sv+1] -> (SearchOutput, decoded root values [B]
+        float32). The root value is the root's counted first visit; the network functions are
+        :meth:`_search_fns`."""
+        predicted = logits_to_scalar(value_logits.float(), support_size=model.value_support_size)
         out = self._search.run(
-            root_latent=root.latent,
-            root_policy_logits=root.policy_logits.float().cpu().numpy(),
+            root_latent=root_latent,
+            root_policy_logits=policy_logits.float().cpu().numpy(),
             legal_mask=np.asarray(legal_mask, dtype=bool),
             add_noise=add_noise,
             deterministic=deterministic,
@@ -120,7 +133,6 @@ class MuZeroPolicy(Policy):
             root_value=predicted.cpu().numpy(),
             **self._search_fns(model),
         )
-        model.train(was_training)
         return out, predicted.cpu().numpy().astype(np.float32)
 
     def act(

@@ -37,7 +37,6 @@ import numpy as np
 import torch
 
 from muzero_tune.mcts import SearchOutput, select_action
-from muzero_tune.models import logits_to_scalar
 from muzero_tune.policies.base import ActOutput
 from muzero_tune.policies.muzero import MuZeroPolicy
 
@@ -125,18 +124,10 @@ class CarriedStatePolicy(MuZeroPolicy):
     ) -> tuple[SearchOutput, np.ndarray]:
         """Prediction at ``root_latent``, then the MuZero search from it (call under :func:`eval_mode`)."""
         value_logits, policy_logits = model.predict(root_latent)
-        predicted = logits_to_scalar(value_logits.float(), support_size=model.value_support_size)
-        out = self._search.run(
-            root_latent=root_latent,
-            root_policy_logits=policy_logits.float().cpu().numpy(),
-            legal_mask=np.asarray(legal_mask, dtype=bool),
-            recurrent_fn=self._recurrent_fn(model),
-            add_noise=add_noise,
-            deterministic=deterministic,
-            rng=rng,
-            root_value=predicted.cpu().numpy(),
-        )
-        return out, predicted.cpu().numpy().astype(np.float32)
+        return self._run_search(
+            model, root_latent, policy_logits, value_logits, legal_mask,
+            add_noise=add_noise, deterministic=deterministic, rng=rng,
+        )  # fmt: skip
 
     def act(
         self, model, obs, legal_mask, *, explore, temperature, rng, state=None, env_index=None

@@ -270,19 +270,11 @@ class UniZeroPolicy(MuZeroPolicy):
         return fn
 
     def _search_from(self, model, roots: Roots, legal_mask, *, add_noise, deterministic, rng):
-        predicted = logits_to_scalar(roots.value_logits.float(), support_size=model.value_support_size)
         self._nodes.reset(roots.ctx, num_nodes=self.cfg.mcts.num_simulations + 1)
-        out = self._search.run(
-            root_latent=roots.latent,
-            root_policy_logits=roots.policy_logits.float().cpu().numpy(),
-            legal_mask=np.asarray(legal_mask, dtype=bool),
-            recurrent_fn=self._recurrent_fn(model),
-            add_noise=add_noise,
-            deterministic=deterministic,
-            rng=rng,
-            root_value=predicted.cpu().numpy(),
-        )
-        return out, predicted.cpu().numpy().astype(np.float32)
+        return self._run_search(
+            model, roots.latent, roots.policy_logits, roots.value_logits, legal_mask,
+            add_noise=add_noise, deterministic=deterministic, rng=rng,
+        )  # fmt: skip
 
     def act(
         self, model, obs, legal_mask, *, explore, temperature, rng, state=None, env_index=None
