@@ -1,0 +1,126 @@
+"""Multi-node: the async pipeline and the Tune trainable on a Ray cluster of three nodes on this machine.
+
+A ``ray.cluster_utils.Cluster`` (a head and two workers, every node bound to this machine's address) needs
+its own ``ray.init``, so this module disconnects from the session's local Ray first and starts it again
+afterwards for the modules that follow. Every assertion is on where things ran (node ids the actors report,
+not assumed) and on exact counters; none on rewards or timings.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from conftest import DriverProbe, _async_config
+
+AP = "policy.async_pipeline."
+HEAD_CPUS, WORKER_CPUS = 2, 1
+
+
+@pytest.fixture(scope="module")
+def three_nodes():
+    """A head (2 CPUs: the driver's bundle plus room for one rescheduled bundle) and two 1-CPU workers."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    was_local = ray.is_initialized()
+    if was_local:
+        ray.shutdown()
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": HEAD_CPUS, "include_dashboard": False},
+    )
+    workers = [cluster.add_node(num_cpus=WORKER_CPUS) for _ in range(2)]
+    ray.init(address=cluster.address, log_to_driver=False)
+    cluster.wait_for_nodes()
+    yield {"cluster": cluster, "workers": workers, "ray": ray}
+    ray.shutdown()
+    cluster.shutdown()
+    if was_local:  # the session fixture's local Ray, as conftest.ray_cluster starts it
+        ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
+
+
+def _nodes_alive(ray) -> set[str]:
+    return {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+
+
+def _check_exact_counters(driver, probe) -> None:
+    """Only whole results reached the buffer and the counters (a collect lost with its node left no trace)."""
+    core, st = driver.core, driver.stats
+    assert st.results == len(probe.collects) == core.counters.collects
+    assert core.buffer.pushed_transitions == st.result_transitions
+    assert st.result_transitions == sum(r["real_transitions"] for r in probe.collects)
+    assert core.counters.env_steps == sum(r["envstep_delta"] for r in probe.collects)
+
+
+def _run(tmp_path, overrides, probe, *, exp_name):
+    from muzero_tune.pipeline.async_driver import train_muzero_segment_async
+    from muzero_tune.pipeline.reporter import MemoryReporter
+
+    cfg = _async_config(tmp_path, overrides, exp_name=exp_name)
+    return train_muzero_segment_async(cfg, reporter=MemoryReporter(), driver_out=probe)
+
+
+def test_spread_puts_the_actors_on_other_nodes_and_data_crosses_them_unchanged(three_nodes, tmp_path):
+    ray = three_nodes["ray"]
+    me = ray.get_runtime_context().get_node_id()
+    probe = DriverProbe()
+    summary = _run(
+        tmp_path,
+        {AP + "placement_strategy": "SPREAD", AP + "verify_segment_digests": True, "max_env_step": 300},
+        probe,
+        exp_name="spread",
+    )
+    driver, st = probe.driver, probe.driver.stats
+    assert summary.stop_reason == "max_env_step" and summary.train_iter > 0
+    nodes = [i["node_id"] for i in driver.actor_info]  # [collector, evaluator], as the actors report them
+    assert len(nodes) == 2 and me not in nodes and len(set(nodes)) == 2
+    assert set(st.collect_nodes) == {nodes[0]}  # every collect came from the collector's (other) node
+    assert st.results >= 3 and st.segment_digest_checks == st.results
+    assert st.segment_digest_mismatches == 0 and st.digest_mismatches == 0
+    assert all(r["digest"] == driver.digests[r["version"]] for r in probe.collects + probe.evals)
+    _check_exact_counters(driver, probe)
+
+
+@pytest.mark.slow  # about 65 s on top of the cluster's start-up (2 loaded cores)
+def test_losing_the_collectors_node_restarts_it_where_its_bundle_is_rescheduled(three_nodes, tmp_path):
+    ray, cluster, workers = three_nodes["ray"], three_nodes["cluster"], three_nodes["workers"]
+    me = ray.get_runtime_context().get_node_id()
+    probe = DriverProbe()
+    removed: dict = {}
+
+    def remove_collector_node() -> None:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and len(probe.collects) < 2:
+            time.sleep(0.05)
+        info = getattr(probe[0], "actor_info", None) if probe else None
+        if info is None:
+            return
+        node = next(w for w in workers if w.node_id == info[0]["node_id"])
+        removed["node_id"], removed["at_collects"] = node.node_id, len(probe.collects)
+        cluster.remove_node(node, allow_graceful=False)
+        workers.remove(node)
+
+    killer = threading.Thread(target=remove_collector_node, daemon=True)
+    killer.start()
+    try:
+        summary = _run(
+            tmp_path,
+            {AP + "placement_strategy": "SPREAD", "max_env_step": 600, AP + "actor_start_timeout_s": 120},
+            probe,
+            exp_name="node_lost",
+        )
+    finally:
+        killer.join(timeout=300)
+        workers.append(cluster.add_node(num_cpus=WORKER_CPUS))  # three nodes again for the next test
+        cluster.wait_for_nodes()
+    driver, st = probe.driver, probe.driver.stats
+    assert removed and removed["node_id"] != me and removed["node_id"] not in _nodes_alive(ray)
+    assert summary.stop_reason == "max_env_step" and summary.env_steps >= 600
+    assert st.collector_restarts == 1 and st.collector_failures == 1 and st.dropped_collects <= 1
+    assert st.evaluator_restarts == 0
+    after = {p["node_id"] for p in probe.actor_pings() if p["kind"] == "collector" and p["incarnation"] == 1}
+    assert len(after) == 1 and removed["node_id"] not in after  # the new collector lives on a live node
+    assert set(st.collect_nodes) == {removed["node_id"], *after}
+    _check_exact_counters(driver, probe)
