@@ -471,6 +471,7 @@ class AsyncDriver:
             "pipeline/dropped_collects": st.dropped_collects,
             "pipeline/weights_digest_mismatches": st.digest_mismatches,
             "pipeline/segment_digest_mismatches": st.segment_digest_mismatches,
+            "pipeline/collect_nodes": len(st.collect_nodes),
         }
 
     # ------------------------------------------------------------------ main loop
