@@ -124,3 +124,39 @@ def test_losing_the_collectors_node_restarts_it_where_its_bundle_is_rescheduled(
     assert len(after) == 1 and removed["node_id"] not in after  # the new collector lives on a live node
     assert set(st.collect_nodes) == {removed["node_id"], *after}
     _check_exact_counters(driver, probe)
+
+
+@pytest.mark.slow  # about 2 min: two async trials at once on the three nodes
+def test_a_two_trial_sweep_spreads_over_the_three_nodes(three_nodes, tmp_path):
+    from mlflow.tracking import MlflowClient
+    from ray import tune
+
+    from muzero_tune.tune.mlflow_log import TRIAL_TAG
+    from muzero_tune.tune.sweep import run_sweep
+
+    ray = three_nodes["ray"]
+    overrides = {
+        "model.hidden_dim": 32, "model.latent_dim": 16, "mcts.num_simulations": 4, "learn.batch_size": 32,
+        "env.collector_env_num": 4, "env.evaluator_env_num": 2, "eval.n_episodes": 2, "eval.eval_freq": 20,
+        "replay.game_segment_length": 20, "max_env_step": 300, "stop_value": None, "logging.quiet": True,
+        "tune.storage_path": str(tmp_path / "tune"), AP + "placement_strategy": "SPREAD",
+        AP + "collector_num_cpus": 0.5, AP + "evaluator_num_cpus": 0.5,  # a trial: 1 + 0.5 + 0.5 CPUs
+    }  # fmt: skip
+    res = run_sweep(
+        "policy_lag_grid", overrides=overrides, max_concurrent=2, name="cluster_sweep",
+        param_space_extra={AP + "weight_sync_interval": tune.grid_search([1, 4])},
+    )  # fmt: skip
+    results = list(res.results)
+    assert len(results) == 2 and not res.results.errors
+    used: set[str] = set()
+    for r in results:
+        df = r.metrics_dataframe
+        first = df.iloc[0]
+        assert first["placement/strategy"] == "SPREAD" and first["placement/actors_in_trial_pg"] == 1
+        used |= {first["placement/driver_node"], *first["placement/actor_nodes"].split()}
+        assert r.metrics["envstep"] >= 300
+    assert used == _nodes_alive(ray)  # the two trials' drivers and actors covered all three nodes
+    client = MlflowClient(res.tracking_uri)
+    runs = client.search_runs([client.get_experiment_by_name(res.experiment_name).experiment_id])
+    assert sorted(run.data.tags[TRIAL_TAG] for run in runs) == sorted(r.metrics["trial_id"] for r in results)
+    assert all(run.info.status == "FINISHED" for run in runs)
