@@ -8,6 +8,7 @@ not assumed) and on exact counters; none on rewards or timings.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -160,3 +161,73 @@ def test_a_two_trial_sweep_spreads_over_the_three_nodes(three_nodes, tmp_path):
     runs = client.search_runs([client.get_experiment_by_name(res.experiment_name).experiment_id])
     assert sorted(run.data.tags[TRIAL_TAG] for run in runs) == sorted(r.metrics["trial_id"] for r in results)
     assert all(run.info.status == "FINISHED" for run in runs)
+
+
+@pytest.mark.slow  # about 2 min: a trial, its node removed after its first checkpoint, the retry elsewhere
+def test_losing_the_trials_own_node_retries_it_from_its_checkpoint_with_one_mlflow_run(three_nodes, tmp_path):
+    import csv
+    import glob
+
+    from mlflow.tracking import MlflowClient
+    from ray import tune
+    from ray.util import placement_group, placement_group_table, remove_placement_group
+    from ray.util.placement_group import NODE_ID_LABEL_KEY
+
+    from muzero_tune.tune.mlflow_log import TRIAL_TAG
+    from muzero_tune.tune.sweep import run_sweep
+
+    ray, cluster = three_nodes["ray"], three_nodes["cluster"]
+    head = cluster.head_node.node_id
+    # the head's CPUs taken, and one 2-CPU node added: the trial (1 + 0.5 + 0.5 CPUs, PACK) lands there
+    blocker = placement_group([{"CPU": HEAD_CPUS}], bundle_label_selector=[{NODE_ID_LABEL_KEY: head}])
+    assert blocker.wait(60)
+    big = cluster.add_node(num_cpus=2)
+    cluster.wait_for_nodes()
+    storage = tmp_path / "tune"
+    removed: dict = {}
+
+    def remove_trial_node() -> None:
+        deadline = time.monotonic() + 300
+        pattern = str(storage / "node_lost" / "*" / "checkpoint_*")
+        while time.monotonic() < deadline and not glob.glob(pattern):
+            time.sleep(0.2)
+        for pg in placement_group_table().values():
+            if pg["state"] == "CREATED" and pg["placement_group_id"] != blocker.id.hex():
+                if pg["bundles_to_node_id"].get(0) == big.node_id:
+                    removed["node_id"] = big.node_id
+                    cluster.remove_node(big, allow_graceful=False)
+                    return
+
+    killer = threading.Thread(target=remove_trial_node, daemon=True)
+    killer.start()
+    overrides = {
+        "model.hidden_dim": 32, "model.latent_dim": 16, "mcts.num_simulations": 4, "learn.batch_size": 32,
+        "env.collector_env_num": 4, "env.evaluator_env_num": 2, "eval.n_episodes": 2, "eval.eval_freq": 20,
+        "replay.game_segment_length": 20, "max_env_step": 600, "stop_value": None, "logging.quiet": True,
+        "tune.storage_path": str(storage), "tune.max_failures": 1, "tune.checkpoint_num_to_keep": None,
+        AP + "collector_num_cpus": 0.5, AP + "evaluator_num_cpus": 0.5,
+    }  # fmt: skip
+    try:
+        res = run_sweep("policy_lag_grid", overrides=overrides, max_concurrent=1, name="node_lost",
+                        param_space_extra={AP + "weight_sync_interval": tune.grid_search([4])})  # fmt: skip
+    finally:
+        killer.join(timeout=300)
+        remove_placement_group(blocker)
+    assert removed.get("node_id") == big.node_id and big.node_id not in _nodes_alive(ray)
+    (result,) = list(res.results)
+    assert not res.results.errors and result.metrics["envstep"] >= 600
+    with open(os.path.join(result.path, "progress.csv"), newline="") as f:
+        rows = list(csv.DictReader(f))
+    n = len(rows)
+    assert [r["iterations_since_restore"] for r in rows].count("1") == 2  # one retry
+    assert [int(float(r["training_iteration"])) for r in rows] == list(range(1, n + 1))
+    assert [int(float(r["eval_index"])) for r in rows] == list(range(1, n + 1))  # no gap, no repeat
+    steps = [int(float(r["envstep"])) for r in rows]
+    assert all(a < b for a, b in zip(steps, steps[1:]))
+    client = MlflowClient(res.tracking_uri)
+    exp = client.get_experiment_by_name(res.experiment_name)
+    runs = client.search_runs([exp.experiment_id])
+    assert len(runs) == 1 and runs[0].data.tags[TRIAL_TAG] == result.metrics["trial_id"]
+    assert runs[0].info.status == "FINISHED"
+    hist = client.get_metric_history(runs[0].info.run_id, "eval_index")
+    assert sorted(int(m.value) for m in hist) == list(range(1, n + 1))
