@@ -205,6 +205,7 @@ def test_losing_the_trials_own_node_retries_it_from_its_checkpoint_with_one_mlfl
         "env.collector_env_num": 4, "env.evaluator_env_num": 2, "eval.n_episodes": 2, "eval.eval_freq": 20,
         "replay.game_segment_length": 20, "max_env_step": 600, "stop_value": None, "logging.quiet": True,
         "tune.storage_path": str(storage), "tune.max_failures": 1, "tune.checkpoint_num_to_keep": None,
+        "learn.resume_warmup_transitions": 64,  # the retry trains again (and reports) soon after it resumes
         AP + "collector_num_cpus": 0.5, AP + "evaluator_num_cpus": 0.5,
     }  # fmt: skip
     try:
@@ -222,8 +223,10 @@ def test_losing_the_trials_own_node_retries_it_from_its_checkpoint_with_one_mlfl
     assert [r["iterations_since_restore"] for r in rows].count("1") == 2  # one retry
     assert [int(float(r["training_iteration"])) for r in rows] == list(range(1, n + 1))
     assert [int(float(r["eval_index"])) for r in rows] == list(range(1, n + 1))  # no gap, no repeat
-    steps = [int(float(r["envstep"])) for r in rows]
-    assert all(a < b for a, b in zip(steps, steps[1:]))
+    assert rows[1]["pid"] != rows[0]["pid"]  # the retry: a new trial process, on a live node
+    for key in ("envstep", "train_iter"):  # continued from the checkpoint (two reports may share counters:
+        vals = [int(float(r[key])) for r in rows]  # an evaluation finishing as the final one is launched)
+        assert all(a <= b for a, b in zip(vals, vals[1:])) and vals[1] > vals[0], (key, vals)
     client = MlflowClient(res.tracking_uri)
     exp = client.get_experiment_by_name(res.experiment_name)
     runs = client.search_runs([exp.experiment_id])

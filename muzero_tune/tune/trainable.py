@@ -176,10 +176,17 @@ def run_trial(
         if cfg.policy.async_pipeline.enabled:
             from muzero_tune.pipeline.async_driver import train_muzero_segment_async
 
-            train_muzero_segment_async(cfg, reporter=reporter, resume_from=resume, driver_out=driver_out)
+            summary = train_muzero_segment_async(
+                cfg, reporter=reporter, resume_from=resume, driver_out=driver_out
+            )
         else:
-            train(cfg, reporter=reporter, resume_from=resume)
+            summary = train(cfg, reporter=reporter, resume_from=resume)
         status = "FINISHED"
+        print(
+            f"[muzero-tune] trial {ctx.get_trial_name()} stopped ({summary.stop_reason}): "
+            f"env_steps={summary.env_steps} train_iter={summary.train_iter}",
+            flush=True,
+        )
     finally:
         if mlflow_run is not None:
             mlflow_run.finish(status)
