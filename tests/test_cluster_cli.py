@@ -125,3 +125,28 @@ def test_train_joins_a_cluster_started_with_ray_start_and_both_nodes_stop_at_the
             os.kill(pid, signal.SIGKILL)
         shutil.rmtree(temp_dir, ignore_errors=True)
     assert not left
+
+
+def test_placement_strategy_and_cluster_fit_are_checked_before_anything_starts():
+    from muzero_tune.config import ConfigError, make_config
+    from muzero_tune.pipeline.cluster import ClusterError, check_reachable
+    from muzero_tune.tune.resources import trial_bundles
+    from muzero_tune.tune.sweep import check_bundles_fit_nodes
+
+    with pytest.raises(ConfigError, match=r"placement_strategy.*'SPRED'.*PACK.*SPREAD.*STRICT_SPREAD"):
+        make_config("cartpole_muzero", overrides={AP + "placement_strategy": "SPRED"})
+    cfg = make_config("cartpole_muzero", overrides={AP + "enabled": True,
+                                                    AP + "placement_strategy": "STRICT_SPREAD"})  # fmt: skip
+    bs = trial_bundles(cfg, cluster_gpus=0)  # driver, collector, evaluator: one CPU each
+    nodes = [{"node_id": str(i), "resources": {"CPU": 4.0}} for i in range(3)]
+    check_bundles_fit_nodes(cfg, bs, nodes)  # three nodes, three bundles: fits
+    with pytest.raises(ConfigError, match="STRICT_SPREAD.*3 bundles.*2 nodes"):
+        check_bundles_fit_nodes(cfg, bs, nodes[:2])
+    spread = make_config("cartpole_muzero", overrides={AP + "enabled": True,
+                                                       AP + "placement_strategy": "SPREAD"})  # fmt: skip
+    check_bundles_fit_nodes(spread, bs, nodes[:2])  # SPREAD is best effort: two nodes are enough
+    big = make_config("cartpole_muzero", overrides={AP + "enabled": True, AP + "collector_num_cpus": 8})
+    with pytest.raises(ConfigError, match=r"bundle 1 .*fits no node"):
+        check_bundles_fit_nodes(big, trial_bundles(big, cluster_gpus=0), nodes)
+    with pytest.raises(ClusterError, match="expected HOST:PORT"):
+        check_reachable("localhost")
