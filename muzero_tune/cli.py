@@ -21,6 +21,7 @@ from muzero_tune.config import (
     to_flat_dict,
 )
 from muzero_tune.errors import PathError, UserError
+from muzero_tune.pipeline.cluster import DEFAULT_CONNECT_TIMEOUT_S
 
 
 class _Parser(argparse.ArgumentParser):
@@ -63,6 +64,23 @@ def _config_args(p: argparse.ArgumentParser, *, resumable: bool = False) -> None
     )
 
 
+def _cluster_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--address",
+        metavar="HOST:PORT",
+        default=None,
+        help="join the running Ray cluster there (the address `ray start --head` printed; default: "
+        "$RAY_ADDRESS, else a local Ray is started)",
+    )
+    p.add_argument(
+        "--connect-timeout-s",
+        type=float,
+        default=DEFAULT_CONNECT_TIMEOUT_S,
+        metavar="S",
+        help=f"how long to wait for the cluster's address to answer (default {DEFAULT_CONNECT_TIMEOUT_S:g})",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="muzero-tune", description="Train, evaluate and compare MuZero-family agents.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -91,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="replace the run already in the run folder (or, with --resume, discard its later checkpoints)",
     )
     tr.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    _cluster_args(tr)
 
     ev = sub.add_parser("eval", help="evaluate a checkpoint's evaluated snapshot")
     ev.add_argument(
@@ -122,10 +141,12 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument(
         "--num-cpus", type=positive_int, default=None, help="logical CPUs for a local Ray (default: enough)"
     )
+    _cluster_args(sw)
 
     rs = sub.add_parser("resume", help="continue a killed or interrupted sweep from its folder")
     rs.add_argument("path", help="the sweep folder: <tune.storage_path>/<name>")
-    rs.add_argument("--num-cpus", type=positive_int, default=None)
+    rs.add_argument("--num-cpus", type=positive_int, default=None, help="logical CPUs for a local Ray")
+    _cluster_args(rs)
 
     cp = sub.add_parser(
         "compare", help="plot runs of an MLflow experiment (reward vs wall/env steps, envstep/s)"
@@ -217,6 +238,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     validate(cfg)
     check_policy_env(cfg)  # before the run folder is claimed: a bad combination writes nothing
+    _join_cluster_for(cfg, args)  # likewise: an unreachable cluster writes nothing
     same_run = found is not None and found.run_dir is not None and folder == found.run_dir
     reporter = default_reporter(
         cfg, resume_eval_index=found.eval_index if same_run else None, overwrite=args.overwrite, folder=folder
@@ -240,6 +262,27 @@ def _cmd_train(args: argparse.Namespace) -> int:
             f"muzero-tune compare --experiment {cfg.logging.mlflow_experiment} --tracking-uri {uri}"
         )
     return 0
+
+
+def _join_cluster_for(cfg, args: argparse.Namespace) -> None:
+    """Join --address / $RAY_ADDRESS now for an async run; a sync run needs no Ray (says so for --address)."""
+    from muzero_tune.pipeline.cluster import join_cluster, requested_address
+
+    _check_timeout(args)
+    address = requested_address(args.address)
+    if address is None:
+        return
+    if not cfg.policy.async_pipeline.enabled or cfg.policy.async_pipeline.ray_local_mode:
+        if args.address:
+            _note(f"--address {args.address} not used: this run's pipeline runs in this process without Ray")
+        return
+    join_cluster(address, connect_timeout_s=args.connect_timeout_s)
+    _note(f"joined the Ray cluster at {address}")
+
+
+def _check_timeout(args: argparse.Namespace) -> None:
+    if not args.connect_timeout_s > 0:
+        raise UserError(f"--connect-timeout-s {args.connect_timeout_s:g}: must be > 0 seconds")
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
@@ -278,6 +321,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 def _cmd_sweep(args: argparse.Namespace) -> int:
     from muzero_tune.tune.sweep import run_sweep
 
+    _check_timeout(args)
     res = run_sweep(
         args.space,
         preset=args.preset or DEFAULT_PRESET,
@@ -287,6 +331,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         max_concurrent=args.max_concurrent,
         name=args.name,
         num_cpus=args.num_cpus,
+        address=args.address,
+        connect_timeout_s=args.connect_timeout_s,
     )
     return _print_sweep(res)
 
@@ -327,7 +373,12 @@ def _print_sweep(res) -> int:
 def _cmd_resume(args: argparse.Namespace) -> int:
     from muzero_tune.tune.sweep import resume_sweep
 
-    return _print_sweep(resume_sweep(args.path, num_cpus=args.num_cpus))
+    _check_timeout(args)
+    return _print_sweep(
+        resume_sweep(
+            args.path, num_cpus=args.num_cpus, address=args.address, connect_timeout_s=args.connect_timeout_s
+        )
+    )
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:

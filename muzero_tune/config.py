@@ -258,6 +258,18 @@ class AsyncPipelineConfig:
     actor_start_timeout_s: float = param(
         120.0, "wait this long for the placement group and actors to start, seconds", gt=0.0
     )
+    placement_strategy: str = param(
+        "PACK",
+        "the run's (or trial's) placement group strategy: PACK (as few nodes as possible), SPREAD "
+        "(bundles on distinct nodes where Ray can), STRICT_SPREAD (every bundle on its own node: needs as "
+        "many nodes as bundles)",
+        choices=("PACK", "SPREAD", "STRICT_SPREAD"),
+    )
+    verify_segment_digests: bool = param(
+        False,
+        "collectors hash their segments and the driver re-hashes them on arrival (counts "
+        "pipeline/segment_digest_mismatches; costs a hash of every segment on both sides)",
+    )
 
 
 @dataclass(frozen=True)

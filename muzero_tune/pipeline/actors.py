@@ -19,7 +19,13 @@ from muzero_tune.envs.faults import FaultSpec, FaultyEnv
 from muzero_tune.pipeline.collector import SegmentCollector, env_factory
 from muzero_tune.pipeline.core import EVAL_SEED_OFFSET, make_policy, setup_torch_threads
 from muzero_tune.pipeline.evaluator import Evaluator
-from muzero_tune.pipeline.messages import CollectResult, EvalResult, WeightsSnapshot, weights_digest
+from muzero_tune.pipeline.messages import (
+    CollectResult,
+    EvalResult,
+    WeightsSnapshot,
+    segments_digest,
+    weights_digest,
+)
 
 COLLECTOR_SEED_STRIDE = 1000
 
@@ -39,6 +45,9 @@ class _Worker:
         self.model = self.policy.build_model().to(device).eval()
         self.version: int | None = None
         self.digest = ""
+        import ray
+
+        self.node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
         base = env_factory(self.cfg, evaluation=self.kind == "evaluator")
         if fault is not None and fault.applies(self.kind, actor_id, incarnation):
             first = [True]
@@ -59,10 +68,12 @@ class _Worker:
         import ray
 
         # local mode runs without Ray; get_runtime_context() would start a Ray instance
-        pg_id = ray.get_runtime_context().get_placement_group_id() if ray.is_initialized() else None
+        ctx = ray.get_runtime_context() if ray.is_initialized() else None
         return {
             "pid": os.getpid(),
-            "placement_group_id": pg_id,
+            "placement_group_id": ctx.get_placement_group_id() if ctx is not None else None,
+            "node_id": ctx.get_node_id() if ctx is not None else "",
+            "kind": self.kind,
             "actor_id": self.actor_id,
             "incarnation": self.incarnation,
         }
@@ -108,7 +119,12 @@ class CollectorWorker(_Worker):
         """One collect with the boxed snapshot's weights (boxed so Ray does not fetch it every call)."""
         self._load(snapshot_box[0])
         res = self.worker.collect(self.model, temperature=temperature, policy_version=snapshot_box[0].version)
-        return dataclasses.replace(res, weights_digest=self.digest)
+        seg_digest = (
+            segments_digest(res.segments) if self.cfg.policy.async_pipeline.verify_segment_digests else ""
+        )
+        return dataclasses.replace(
+            res, weights_digest=self.digest, segments_digest=seg_digest, node_id=self.node_id
+        )
 
 
 class EvaluatorWorker(_Worker):
@@ -136,4 +152,4 @@ class EvaluatorWorker(_Worker):
     def evaluate(self, snapshot_box: list[WeightsSnapshot]) -> EvalResult:
         self._load(snapshot_box[0])
         res = self.worker.evaluate(self.model, policy_version=snapshot_box[0].version)
-        return dataclasses.replace(res, weights_digest=self.digest)
+        return dataclasses.replace(res, weights_digest=self.digest, node_id=self.node_id)

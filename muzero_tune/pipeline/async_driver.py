@@ -31,7 +31,13 @@ from muzero_tune.pipeline.actors import CollectorWorker, EvaluatorWorker
 from muzero_tune.pipeline.checkpoint import load_checkpoint
 from muzero_tune.pipeline.collector import visit_temperature
 from muzero_tune.pipeline.core import DriverCore, RunSummary, check_policy_env, setup_torch_threads
-from muzero_tune.pipeline.messages import CollectResult, EvalResult, WeightsSnapshot, weights_digest
+from muzero_tune.pipeline.messages import (
+    CollectResult,
+    EvalResult,
+    WeightsSnapshot,
+    segments_digest,
+    weights_digest,
+)
 from muzero_tune.pipeline.placement import (
     ActorPlacement,
     LocalRay,
@@ -94,8 +100,13 @@ class AsyncStats:
     collector_failures: int = 0
     evaluator_failures: int = 0
     dropped_collects: int = 0
+    start_retries: int = 0  # replacement actors that died before answering their first ping, started again
+    restart_reasons: list[str] = field(default_factory=list)  # "<kind> <index>: <why>" per failure
     learner_idle_s: float = 0.0
     digest_mismatches: int = 0
+    segment_digest_checks: int = 0
+    segment_digest_mismatches: int = 0
+    collect_nodes: dict[str, int] = field(default_factory=dict)  # Ray node id -> collects received from it
     max_budget_queue: int = 0
     max_collects_inflight: int = 0
     max_evals_inflight: int = 0
@@ -184,11 +195,12 @@ class AsyncDriver:
                 f"{self.ap.actor_start_timeout_s:g} s (policy.async_pipeline.actor_start_timeout_s); "
                 f"resources: {describe_shortfall(bundles(self.cfg))}"
             )
-        self.actor_info = self.ray.get(ready)
+        self.actor_info = self.ray.get(pings)  # in slot order: collectors, then evaluators
 
     def _restart(self, slot: _Slot, why: str) -> None:
         """Replace a failed or hung actor and count it; raise once its restarts are exhausted."""
         st = self.stats
+        st.restart_reasons.append(f"{slot.kind} {slot.index}: {why}")
         if slot.kind == "collector":
             st.collector_failures += 1
         else:
@@ -211,17 +223,33 @@ class AsyncDriver:
             st.collector_restarts += 1
         else:
             st.evaluator_restarts += 1
-        time.sleep(self.ap.actor_restart_delay_s)
-        self._spawn(slot)  # it gets the current snapshot with its next launch
-        # wait until it is up, as start_actors does: a launch's timeout must not count the actor's start-up
-        ping = slot.handle.ping.remote()
-        ready, _ = self.ray.wait([ping], timeout=self.ap.actor_start_timeout_s)
-        if not ready:
-            raise ActorFailureError(
-                f"{slot.kind} actor {slot.index} was restarted ({why}) but did not start within "
-                f"{self.ap.actor_start_timeout_s:g} s (policy.async_pipeline.actor_start_timeout_s); "
-                f"its last checkpoint is intact"
-            )
+        # wait until it is up, as start_actors does: a launch's timeout must not count the actor's start-up.
+        # A replacement can die before it answers when it was placed on a node that is dying too (its bundle
+        # is moved to a live node once Ray marks that node dead): start it again, as part of this restart.
+        deadline = time.monotonic() + self.ap.actor_start_timeout_s
+        last = ""
+        while True:
+            time.sleep(self.ap.actor_restart_delay_s)
+            self._spawn(slot)  # it gets the current snapshot with its next launch
+            ping = slot.handle.ping.remote()
+            ready, _ = self.ray.wait([ping], timeout=max(0.0, deadline - time.monotonic()))
+            if ready:
+                try:
+                    self.ray.get(ready[0])
+                    return
+                except Exception as e:
+                    st.start_retries += 1
+                    last = f"; its last start failed: {type(e).__name__}"
+                    try:
+                        self.ray.kill(slot.handle, no_restart=True)
+                    except Exception:
+                        pass
+            if not ready or time.monotonic() >= deadline:
+                raise ActorFailureError(
+                    f"{slot.kind} actor {slot.index} was restarted ({why}) but did not start within "
+                    f"{self.ap.actor_start_timeout_s:g} s (policy.async_pipeline.actor_start_timeout_s)"
+                    f"{last}; its last checkpoint is intact"
+                )
 
     # ------------------------------------------------------------------ weights
 
@@ -310,6 +338,12 @@ class AsyncDriver:
         st.push_lags.append(core.train_iter - result.policy_version)
         if result.weights_digest and result.weights_digest != self.digests.get(result.policy_version):
             st.digest_mismatches += 1
+        if self.ap.verify_segment_digests:  # before the push: the buffer re-homes the segments' frames
+            st.segment_digest_checks += 1
+            if result.segments_digest != segments_digest(result.segments):
+                st.segment_digest_mismatches += 1
+        if result.node_id:
+            st.collect_nodes[result.node_id] = st.collect_nodes.get(result.node_id, 0) + 1
         budget = core.push_collect(result)
         self._window.append((time.monotonic(), core.counters.env_steps))
         if core.trainable():
@@ -435,6 +469,9 @@ class AsyncDriver:
             "pipeline/collector_failures": st.collector_failures,
             "pipeline/evaluator_failures": st.evaluator_failures,
             "pipeline/dropped_collects": st.dropped_collects,
+            "pipeline/weights_digest_mismatches": st.digest_mismatches,
+            "pipeline/segment_digest_mismatches": st.segment_digest_mismatches,
+            "pipeline/collect_nodes": len(st.collect_nodes),
         }
 
     # ------------------------------------------------------------------ main loop

@@ -28,6 +28,30 @@ def weights_digest(weights: dict[str, Any]) -> str:
     return h.hexdigest()
 
 
+def segments_digest(segments) -> str:
+    """A content hash of game segments as shipped (frames [F, ...], actions [M(, D)], rewards [M], stats
+    name -> [M, ...], priorities [num_real] and the scalar fields): equal digests mean identical segments."""
+    h = hashlib.blake2b(digest_size=16)
+
+    def arr(name: str, a) -> None:
+        a = np.ascontiguousarray(np.asarray(a))
+        h.update(f"{name}:{a.dtype}:{a.shape}".encode())
+        h.update(a.tobytes())
+
+    for i, s in enumerate(segments):
+        arr(f"{i}.frames", s.frames)
+        arr(f"{i}.actions", s.actions)
+        arr(f"{i}.rewards", s.rewards)
+        for k in sorted(s.stats):
+            arr(f"{i}.stats.{k}", s.stats[k])
+        if s.priorities is not None:
+            arr(f"{i}.priorities", s.priorities)
+        fields = (s.num_real, s.frame_stack, s.done, s.terminal_at_end, s.env_id, s.episode_step0,
+                  s.policy_version, s.stream_id, s.episode_index)  # fmt: skip
+        h.update(repr(fields).encode())
+    return h.hexdigest()
+
+
 @dataclass(frozen=True)
 class WeightsSnapshot:
     """One published weights version. ``ref`` holds ``{name: np.ndarray}`` (CPU) in the object store."""
@@ -51,6 +75,8 @@ class CollectResult:
     search_s: float  # time inside policy.act (search + network)
     actor_id: int = 0
     weights_digest: str = ""  # digest of the weights actually used (set by actors)
+    segments_digest: str = ""  # segments_digest of ``segments`` as the actor sent them ("" = not computed)
+    node_id: str = ""  # the Ray node the actor ran on ("" = not known)
 
 
 @dataclass(frozen=True)
@@ -66,3 +92,4 @@ class EvalResult:
     policy_version: int
     actor_id: int = 0
     weights_digest: str = ""  # digest of the weights actually used (set by actors)
+    node_id: str = ""  # the Ray node the actor ran on ("" = not known)

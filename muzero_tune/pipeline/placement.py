@@ -88,26 +88,18 @@ class ActorPlacement:
 
 
 def ensure_ray(cfg: ExperimentConfig) -> None:
-    """Start a local Ray instance if none is running, with enough logical CPUs for the placement group.
+    """Join the cluster in ``RAY_ADDRESS`` if set, else start a local Ray instance if none is running, with
+    enough logical CPUs for the placement group.
 
     Not used with ``ray_local_mode`` (see :class:`LocalRay`): Ray 2.60's ``ray.init(local_mode=True)`` raises.
     """
-    import ray
+    from muzero_tune.pipeline.cluster import start_or_join
 
-    if ray.is_initialized():
-        return
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     need = total_resources(bundles(cfg, learner_on_gpu=False))
-    ray.init(
-        num_cpus=max(os.cpu_count() or 1, int(need.get("CPU", 1) + 0.999)),
-        include_dashboard=False,
-        ignore_reinit_error=True,
-        log_to_driver=True,
-    )
+    start_or_join(num_cpus=max(os.cpu_count() or 1, int(need.get("CPU", 1) + 0.999)))
 
 
-def describe_shortfall(bs: list[dict[str, float]]) -> str:
+def describe_shortfall(bs: list[dict[str, float]], strategy: str = "PACK") -> str:
     import ray
 
     need = total_resources(bs)
@@ -116,7 +108,28 @@ def describe_shortfall(bs: list[dict[str, float]]) -> str:
     parts = [
         f"{k}: need {v:g}, cluster has {have.get(k, 0):g}, free {free.get(k, 0):g}" for k, v in need.items()
     ]
+    if strategy == "STRICT_SPREAD":
+        n_nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
+        parts.append(f"STRICT_SPREAD needs {len(bs)} nodes (one per bundle), the cluster has {n_nodes} alive")
     return "; ".join(parts)
+
+
+def driver_node_selector(bs: list[dict[str, float]]) -> list[dict[str, str]] | None:
+    """Bundle label selectors that put bundle 0 (the driver's) on this process's node, or None when that
+    node cannot hold it (e.g. a head started with ``--num-cpus 0``; bundle 0 then goes where Ray puts it).
+
+    A standalone driver runs where it was started, not in its bundle: without this, bundle 0 could be
+    reserved on another node and SPREAD would count the driver's node as free for collectors.
+    """
+    import ray
+    from ray.util.placement_group import NODE_ID_LABEL_KEY
+
+    me = ray.get_runtime_context().get_node_id()
+    node = next((n for n in ray.nodes() if n["NodeID"] == me), None)
+    total = dict(node.get("Resources", {})) if node else {}
+    if any(total.get(k, 0.0) + 1e-9 < v for k, v in bs[0].items()):
+        return None
+    return [{NODE_ID_LABEL_KEY: me}] + [{} for _ in bs[1:]]
 
 
 def standalone_placement(cfg: ExperimentConfig, *, learner_on_gpu: bool, timeout_s: float) -> ActorPlacement:
@@ -124,14 +137,16 @@ def standalone_placement(cfg: ExperimentConfig, *, learner_on_gpu: bool, timeout
     from ray.util import placement_group
 
     bs = bundles(cfg, learner_on_gpu=learner_on_gpu)
-    pg = placement_group(bs, strategy="PACK", name="")
+    strategy = cfg.policy.async_pipeline.placement_strategy
+    pg = placement_group(bs, strategy=strategy, name="", bundle_label_selector=driver_node_selector(bs))
     if not pg.wait(timeout_seconds=timeout_s):
-        short = describe_shortfall(bs)
+        short = describe_shortfall(bs, strategy)
         from ray.util import remove_placement_group
 
         remove_placement_group(pg)
         raise PlacementError(
-            f"the async pipeline's placement group ({len(bs)} bundles: {bs}) was not placed within "
+            f"the async pipeline's {strategy} placement group ({len(bs)} bundles: {bs}, bundle 0 on the "
+            f"driver's node) was not placed within "
             f"{timeout_s:g} s; resources: {short}. Reduce policy.async_pipeline.num_collector_actors / "
             f"num_evaluator_actors / *_num_cpus / *_num_gpus, or give Ray more resources."
         )

@@ -40,7 +40,9 @@ def trial_bundles(cfg: ExperimentConfig, *, cluster_gpus: float | None = None) -
 def placement_group_factory(cfg: ExperimentConfig):
     from ray import tune
 
-    return tune.PlacementGroupFactory(trial_bundles(cfg), strategy="PACK")
+    return tune.PlacementGroupFactory(
+        trial_bundles(cfg), strategy=cfg.policy.async_pipeline.placement_strategy
+    )
 
 
 def trial_resources(cfg: ExperimentConfig) -> dict[str, float]:

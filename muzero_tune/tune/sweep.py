@@ -26,7 +26,8 @@ from muzero_tune.config import (
     validate,
 )
 from muzero_tune.errors import PathError
-from muzero_tune.tune.resources import trial_resources
+from muzero_tune.pipeline.cluster import DEFAULT_CONNECT_TIMEOUT_S
+from muzero_tune.tune.resources import trial_bundles, trial_resources
 
 SWEEP_FILE = "muzero_tune_sweep.json"
 
@@ -59,14 +60,19 @@ def validate_param_space(cfg: ExperimentConfig, param_space: dict[str, Any]) -> 
 
 
 def check_fits_cluster(cfg: ExperimentConfig, param_space: dict[str, Any]) -> None:
-    """A trial's placement group must fit the cluster, or Tune would wait forever."""
+    """A trial's placement group must fit the cluster, or Tune would wait forever: its total, every bundle
+    on some node, and under STRICT_SPREAD one node per bundle."""
     import ray
 
+    from muzero_tune.pipeline.cluster import alive_nodes
+
     have = ray.cluster_resources()
+    nodes = alive_nodes()
     variants = [cfg]
     for key, value in param_space.items():
         variants += [apply_overrides(cfg, {key: v}) for v in _domain_values(value)]
     for v in variants:
+        check_bundles_fit_nodes(v, trial_bundles(v), nodes)
         need = trial_resources(v)
         for res, amount in need.items():
             if amount > have.get(res, 0.0) + 1e-9:
@@ -77,6 +83,34 @@ def check_fits_cluster(cfg: ExperimentConfig, param_space: dict[str, Any]) -> No
                     f"policy.async_pipeline.num_collector_actors / num_evaluator_actors / *_num_cpus / "
                     f"*_num_gpus or learn.device, or start Ray with more resources",
                 )
+
+
+def check_bundles_fit_nodes(cfg: ExperimentConfig, bs: list[dict[str, float]], nodes: list[dict]) -> None:
+    """Every bundle must fit one live node's total resources; STRICT_SPREAD needs len(bs) such nodes."""
+
+    def fits(b: dict[str, float], n: dict) -> bool:
+        return all(n["resources"].get(k, 0.0) + 1e-9 >= a for k, a in b.items())
+
+    for i, b in enumerate(bs):
+        if not any(fits(b, n) for n in nodes):
+            raise ConfigError(
+                "placement",
+                b,
+                f"bundle {i} of a trial ({b}) fits no node of the Ray cluster ({len(nodes)} nodes, the "
+                f"largest has {max((n['resources'].get('CPU', 0.0) for n in nodes), default=0):g} CPU): "
+                f"lower policy.async_pipeline.*_num_cpus / *_num_gpus",
+            )
+    strategy = cfg.policy.async_pipeline.placement_strategy
+    if strategy == "STRICT_SPREAD" and len(bs) > 1:
+        usable = sum(1 for n in nodes if any(fits(b, n) for b in bs))
+        if usable < len(bs):
+            raise ConfigError(
+                "policy.async_pipeline.placement_strategy",
+                strategy,
+                f"a trial has {len(bs)} bundles (driver + collectors + evaluators), one per node under "
+                f"STRICT_SPREAD, but the Ray cluster has {usable} nodes that can hold one: use SPREAD or "
+                f"PACK, fewer actors, or more nodes",
+            )
 
 
 @dataclass
@@ -140,19 +174,29 @@ def _run_config(cfg: ExperimentConfig, name: str, storage: str):
     )
 
 
-def init_ray_for(cfg: ExperimentConfig, concurrency: int, num_cpus: int | None = None) -> None:
-    import ray
+def init_ray_for(
+    cfg: ExperimentConfig,
+    concurrency: int,
+    num_cpus: int | None = None,
+    *,
+    address: str | None = None,
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+) -> None:
+    """Join ``address`` (or ``RAY_ADDRESS``), else start a local Ray big enough for ``concurrency`` trials."""
+    from muzero_tune.pipeline.cluster import requested_address, start_or_join
 
-    if ray.is_initialized():
-        return
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if num_cpus is not None and requested_address(address) is not None:
+        raise ConfigError(
+            "--num-cpus",
+            num_cpus,
+            f"only for a local Ray; the cluster at {requested_address(address)} has its own",
+        )
     async_cfg = apply_overrides(cfg, {"policy.async_pipeline.enabled": True})
     per_trial = trial_resources(async_cfg).get("CPU", 1.0)
-    ray.init(
+    start_or_join(
         num_cpus=num_cpus or max(os.cpu_count() or 1, int(per_trial * concurrency + 0.999)),
-        include_dashboard=False,
-        ignore_reinit_error=True,
+        address=address,
+        connect_timeout_s=connect_timeout_s,
     )
 
 
@@ -167,6 +211,8 @@ def run_sweep(
     name: str | None = None,
     num_cpus: int | None = None,
     param_space_extra: dict[str, Any] | None = None,
+    address: str | None = None,
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
 ) -> SweepResult:
     """Run a named sweep over a preset; everything is validated before Ray starts trials."""
     from search_spaces import get_space
@@ -186,7 +232,7 @@ def run_sweep(
     os.makedirs(storage, exist_ok=True)
     concurrency = max_concurrent or cfg.tune.max_concurrent_trials or space.max_concurrent
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "1")  # with sync_period: restores pick the newest state
-    init_ray_for(cfg, concurrency, num_cpus)
+    init_ray_for(cfg, concurrency, num_cpus, address=address, connect_timeout_s=connect_timeout_s)
     check_fits_cluster(cfg, param_space)
 
     from ray import tune
@@ -247,7 +293,13 @@ def run_sweep(
     return SweepResult(exp_path, results, tracking_uri, name)
 
 
-def resume_sweep(path: str, *, num_cpus: int | None = None) -> SweepResult:
+def resume_sweep(
+    path: str,
+    *,
+    num_cpus: int | None = None,
+    address: str | None = None,
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+) -> SweepResult:
     """Continue a killed or interrupted sweep: unfinished trials resume from their newest checkpoints."""
     from ray import tune
 
@@ -266,7 +318,9 @@ def resume_sweep(path: str, *, num_cpus: int | None = None) -> SweepResult:
         meta = json.load(f)
     cfg = from_flat_dict(meta["config"])
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "1")
-    init_ray_for(cfg, int(meta.get("concurrency", 2)), num_cpus)
+    init_ray_for(
+        cfg, int(meta.get("concurrency", 2)), num_cpus, address=address, connect_timeout_s=connect_timeout_s
+    )
     if not tune.Tuner.can_restore(path):
         raise ConfigError("PATH", path, "Tune cannot restore this folder (no experiment state)")
     trainable = make_trainable(

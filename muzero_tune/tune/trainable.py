@@ -107,7 +107,13 @@ def actor_placement(driver) -> dict:
         for i, spec in enumerate(pg.bundle_specs if pg is not None else [])
         if any(free.get(f"{r}_group_{i}_{pg_id}", 0.0) < amount - 1e-9 for r, amount in spec.items())
     ]
+    me = ray.get_runtime_context().get_node_id()
+    col_nodes = [i.get("node_id", "") for i in infos[: len(driver.collectors)]]
     return {
+        "placement/strategy": driver.ap.placement_strategy,
+        "placement/driver_node": me,
+        "placement/actor_nodes": " ".join(i.get("node_id", "") for i in infos),
+        "placement/collectors_off_driver_node": sum(1 for n in col_nodes if n and n != me),
         "placement/trial_pg_id": pg_id,
         "placement/actors": len(infos),
         "placement/actors_in_trial_pg": int(in_pg),
@@ -170,10 +176,17 @@ def run_trial(
         if cfg.policy.async_pipeline.enabled:
             from muzero_tune.pipeline.async_driver import train_muzero_segment_async
 
-            train_muzero_segment_async(cfg, reporter=reporter, resume_from=resume, driver_out=driver_out)
+            summary = train_muzero_segment_async(
+                cfg, reporter=reporter, resume_from=resume, driver_out=driver_out
+            )
         else:
-            train(cfg, reporter=reporter, resume_from=resume)
+            summary = train(cfg, reporter=reporter, resume_from=resume)
         status = "FINISHED"
+        print(
+            f"[muzero-tune] trial {ctx.get_trial_name()} stopped ({summary.stop_reason}): "
+            f"env_steps={summary.env_steps} train_iter={summary.train_iter}",
+            flush=True,
+        )
     finally:
         if mlflow_run is not None:
             mlflow_run.finish(status)
