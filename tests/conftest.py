@@ -35,7 +35,7 @@ def ray_cluster():
 
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False)
     yield ray
     if started:
         ray.shutdown()

@@ -89,7 +89,15 @@ def start_or_join(
         return
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(num_cpus=num_cpus, include_dashboard=False, ignore_reinit_error=True, log_to_driver=True)
+    # address="local": a new local instance even when a `ray start` cluster runs on this machine (a bare
+    # ray.init() would join that one and then refuse num_cpus)
+    ray.init(
+        address="local",
+        num_cpus=num_cpus,
+        include_dashboard=False,
+        ignore_reinit_error=True,
+        log_to_driver=True,
+    )
 
 
 def alive_nodes() -> list[dict]:
