@@ -28,6 +28,8 @@
 * **Loss** -- teacher-forced over the K-step sequence [o_t, a_t, ..., a_{t+K-1}, o_{t+K}] (one transformer
   pass): next-latent loss against the target model's tokenizer (MSE with LayerNorm latents, group KL with
   SimNorm), cross-entropy on reward, value and policy, minus a policy entropy bonus (:meth:`compute_loss`).
+  The policy terms go through :meth:`policy_cross_entropy` and :meth:`policy_entropy`, so a type with another
+  policy head (``sampled_unizero``: K sampled actions, a Gaussian) plugs in without a second loss.
 """
 
 from __future__ import annotations
