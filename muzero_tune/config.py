@@ -638,8 +638,8 @@ PRESETS["pong_unizero"] = {
 # sampled_unizero: the reference's Pendulum settings (K 20, batch 64, K = 10 unroll steps, context 4 steps =
 # 8 tokens, discount 0.99, entropy weight 5e-2, 2 layers) with cartpole_unizero's world model (E 64, 2 heads
 # against the reference's 256 / 8: on the 2-core machine a train step took 0.21 s at E 128 / 4 heads and
-# 0.074 s at E 64), its loss weights and EMA target; evaluation every 5k env steps (8 episodes of 200 steps
-# cost about as much as 1.6k collected env steps).
+# 0.074 s at E 64), its loss weights and EMA target; evaluation every 5,000 train steps = 20k env steps at
+# replay_ratio 0.25 (8 episodes of 200 steps cost about as much as 1.6k collected env steps).
 PRESETS["pendulum_sampled_unizero"] = {
     **PRESETS["pendulum_sampled_efficientzero"],
     "exp_name": "pendulum_sampled_unizero",
