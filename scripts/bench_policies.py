@@ -5,6 +5,7 @@ learner steps (sample + targets + loss + backward + step) that alternate between
 sees the same machine load. Prints steps/s and the ratio to MuZero.
 
     python scripts/bench_policies.py --steps 20 --rounds 3
+    python scripts/bench_policies.py --types unizero sampled_unizero   # MuZero is always measured
 """
 
 from __future__ import annotations
@@ -35,9 +36,12 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=20, help="timed train steps per type per round")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--types", nargs="+", default=None, choices=implemented_policy_types(),
+                   help="the policy types to measure (default: all); muzero is always measured")  # fmt: skip
     args = p.parse_args(argv)
     setup_torch_threads()
-    cores = {t: prepared_core(t) for t in implemented_policy_types()}
+    types = implemented_policy_types() if args.types is None else ("muzero", *args.types)
+    cores = {t: prepared_core(t) for t in dict.fromkeys(types)}
     for core in cores.values():
         for _ in range(2):
             core.train_step()  # warm-up

@@ -20,6 +20,16 @@ from muzero_tune.pipeline.reporter import MemoryReporter
 from muzero_tune.pipeline.sync_driver import train_muzero_segment
 
 
+class _EchoReporter(MemoryReporter):
+    """A MemoryReporter that also prints every evaluation to stderr as it happens (long runs show progress and
+    leave their curve behind even when stopped early)."""
+
+    def on_eval(self, metrics: dict, evaluated: dict, resume_state) -> None:
+        super().on_eval(metrics, evaluated, resume_state)
+        print(f"eval envstep={metrics['envstep']} wall_s={metrics['wall_s']:.1f} "
+              f"reward_mean={metrics['reward_mean']:.1f}", file=sys.stderr, flush=True)  # fmt: skip
+
+
 def run_seed(seed: int, overrides: dict, output_dir: str, preset: str = "cartpole_muzero") -> dict:
     cfg = make_config(
         preset,
@@ -31,7 +41,7 @@ def run_seed(seed: int, overrides: dict, output_dir: str, preset: str = "cartpol
             **overrides,
         },
     )
-    rep = MemoryReporter()
+    rep = _EchoReporter()
     summary = train_muzero_segment(cfg, reporter=rep)
     target = cfg.stop_value if cfg.stop_value is not None else 195.0
     solved = next((e for e in rep.evals if e["reward_mean"] >= target), None)

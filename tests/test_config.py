@@ -78,6 +78,14 @@ def test_overrides_coerce_strings_and_round_trip():
     assert len(to_flat_dict(cfg)) == len(leaf_keys())
 
 
+def test_a_known_but_unimplemented_type_fails_clearly(monkeypatch):
+    from muzero_tune.policies import registry
+
+    monkeypatch.delitem(registry._IMPLEMENTED, "sampled_unizero")  # every mission type is implemented now
+    with pytest.raises(ConfigError, match="policy.type.*not implemented yet"):
+        make_config("cartpole_muzero", overrides={"policy.type": "sampled_unizero"})
+
+
 def test_presets_resolve_and_yaml(tmp_path):
     from muzero_tune.policies.registry import implemented_policy_types
 
@@ -113,7 +121,6 @@ BAD = [
     ({"env.env_id": "CartPol-v1"}, "env.env_id", "CartPole-v1"),
     ({"env.env_id": "NoSuchEnv-v9"}, "env.env_id", "unknown environment id"),
     ({"policy.type": "alphazero"}, "policy.type", "allowed: muzero"),
-    ({"policy.type": "sampled_unizero"}, "policy.type", "not implemented yet"),
     ({"learn.device": "tpu"}, "learn.device", "cpu, auto, cuda"),
     ({"policy.async_pipeline.weight_sync_interval": 0}, "policy.async_pipeline.weight_sync_interval", ">= 1"),
     (

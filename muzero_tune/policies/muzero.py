@@ -174,10 +174,15 @@ class MuZeroPolicy(Policy):
             "legal_mask": np.asarray(legal_mask, dtype=bool),
         }
 
-    def reanalyze(self, target_model, obs, legal_mask, rng) -> np.ndarray:
+    def reanalyze(self, target_model, obs, legal_mask, rng) -> np.ndarray | dict[str, np.ndarray]:
         out, _ = self._search_roots(
             target_model, obs, legal_mask, add_noise=True, deterministic=False, rng=rng
         )
+        return self._reanalyze_stats(out)
+
+    def _reanalyze_stats(self, out) -> np.ndarray | dict[str, np.ndarray]:
+        """What a reanalyze search ``out`` writes back (:meth:`Policy.reanalyze`): here the visit
+        distributions [N, A]; a type that stores more per search (e.g. its sampled actions) returns a dict."""
         return out.visit_distribution.astype(np.float32)
 
     # ---------------------------------------------------------------- targets
@@ -225,8 +230,15 @@ class MuZeroPolicy(Policy):
     # ---------------------------------------------------------------- loss
 
     def policy_step_loss(self, policy_logits: torch.Tensor, batch: TrainBatch, k: int, target: torch.Tensor):
-        """[B] policy loss at unroll step k (0 = root) before masking: the cross-entropy of the policy
-        ``policy_logits`` [B, A] against the target ``target`` [B, A] (= ``batch.target_policy[:, k]``)."""
+        """[B] policy loss at unroll step k (0 = root) before masking: here :meth:`policy_cross_entropy`
+        (a type with an entropy bonus subtracts it here)."""
+        return self.policy_cross_entropy(policy_logits, batch, k, target)
+
+    def policy_cross_entropy(
+        self, policy_logits: torch.Tensor, batch: TrainBatch, k: int, target: torch.Tensor
+    ) -> torch.Tensor:
+        """[B] cross-entropy of the policy ``policy_logits`` [B, P] at unroll step k against its target
+        ``target`` [B, A] (= ``batch.target_policy[:, k]``; a sampled type's is over its K slots)."""
         return soft_cross_entropy(policy_logits, target)
 
     def policy_entropy(self, policy_logits: torch.Tensor) -> torch.Tensor:

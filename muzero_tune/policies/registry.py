@@ -22,6 +22,7 @@ _IMPLEMENTED: dict[str, str] = {
     "unizero": "muzero_tune.policies.unizero:UniZeroPolicy",
     "sampled_muzero": "muzero_tune.policies.sampled:SampledMuZeroPolicy",
     "sampled_efficientzero": "muzero_tune.policies.sampled:SampledEfficientZeroPolicy",
+    "sampled_unizero": "muzero_tune.policies.sampled_unizero:SampledUniZeroPolicy",
 }
 # Being built (issue 6); they move into _IMPLEMENTED when their module lands:
 

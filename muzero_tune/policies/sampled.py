@@ -74,8 +74,11 @@ class SampledPolicyMixin:
         raise NotImplementedError
 
     def build_model(self) -> torch.nn.Module:
-        if not self.continuous:
-            return super().build_model()
+        return self._build_continuous_model() if self.continuous else super().build_model()
+
+    def _build_continuous_model(self) -> torch.nn.Module:
+        """The network for continuous actions: the base type's MLP network with the action vector as the
+        dynamics input and a Gaussian policy head (:meth:`_continuous_network`)."""
         mc = self.cfg.model
         if mc.kind != "mlp":
             raise ConfigError("model.kind", mc.kind, "continuous actions need model.kind=mlp")
@@ -107,11 +110,8 @@ class SampledPolicyMixin:
     def _step_stats(self, out, legal_mask) -> dict[str, np.ndarray]:
         return {**super()._step_stats(out, legal_mask), SAMPLED_ACTIONS: out.extras[SAMPLED_ACTIONS]}
 
-    def reanalyze(self, target_model, obs, legal_mask, rng) -> dict[str, np.ndarray]:
+    def _reanalyze_stats(self, out) -> dict[str, np.ndarray]:
         """Fresh visit distributions and the sampled actions they are over (both written back)."""
-        out, _ = self._search_roots(
-            target_model, obs, legal_mask, add_noise=True, deterministic=False, rng=rng
-        )
         return {
             "child_visits": out.visit_distribution.astype(np.float32),
             SAMPLED_ACTIONS: out.extras[SAMPLED_ACTIONS],
@@ -124,13 +124,20 @@ class SampledPolicyMixin:
 
     def policy_step_loss(self, policy_logits, batch: TrainBatch, k: int, target: torch.Tensor):
         """[B] ``-sum_slots p log pi(a_slot) - w_entropy * H(pi)`` at unroll step k (module docstring)."""
+        cross_entropy = self.policy_cross_entropy(policy_logits, batch, k, target)
+        return cross_entropy - self.cfg.policy.policy_entropy_weight * self.policy_entropy(policy_logits)
+
+    def policy_cross_entropy(self, policy_logits, batch: TrainBatch, k: int, target: torch.Tensor):
+        """[B] ``-sum_slots p_slot log pi(a_slot)`` at unroll step k: ``policy_logits`` [B, P] (Gaussian
+        params [B, 2D] or logits [B, A]), ``target`` [B, K] the visit distribution over the K slots whose
+        actions are ``batch.extras["sampled_actions"][:, k]`` ([B, K, D] float32 or [B, K] int64; empty
+        slots hold action 0 with target 0, so every batch has one fixed shape)."""
         actions = torch.as_tensor(batch.extras[SAMPLED_ACTIONS][:, k], device=policy_logits.device)
         if self.continuous:
             log_prob = tanh_gaussian_log_prob(policy_logits, actions.to(policy_logits.dtype))  # [B, K]
         else:
-            log_prob = F.log_softmax(policy_logits, dim=-1).gather(1, actions.long())  # [B, K]
-        cross_entropy = -(target * log_prob).sum(-1)
-        return cross_entropy - self.cfg.policy.policy_entropy_weight * self.policy_entropy(policy_logits)
+            log_prob = F.log_softmax(policy_logits, dim=-1).gather(-1, actions.long())  # [B, K]
+        return -(target * log_prob).sum(-1)
 
     def policy_entropy(self, policy_logits: torch.Tensor) -> torch.Tensor:
         if self.continuous:

@@ -28,6 +28,8 @@
 * **Loss** -- teacher-forced over the K-step sequence [o_t, a_t, ..., a_{t+K-1}, o_{t+K}] (one transformer
   pass): next-latent loss against the target model's tokenizer (MSE with LayerNorm latents, group KL with
   SimNorm), cross-entropy on reward, value and policy, minus a policy entropy bonus (:meth:`compute_loss`).
+  The policy terms go through :meth:`policy_cross_entropy` and :meth:`policy_entropy`, so a type with another
+  policy head (``sampled_unizero``: K sampled actions, a Gaussian) plugs in without a second loss.
 """
 
 from __future__ import annotations
@@ -119,11 +121,16 @@ class UniZeroPolicy(MuZeroPolicy):
     # ---------------------------------------------------------------- model
 
     def build_model(self) -> UniZeroNet:
+        return self._build_world_model()
+
+    def _build_world_model(self, *, policy_dim: int | None = None) -> UniZeroNet:
+        """The world model for this env; ``policy_dim`` P: the width of the policy head (None: A logits)."""
         mc, pc = self.cfg.model, self.cfg.policy
         return UniZeroNet(
             obs_shape=tuple(self.spec.obs_shape),
             num_actions=self.spec.num_actions,
             action_dim=self.spec.action_dim,
+            policy_dim=policy_dim,
             kind=mc.kind,
             embed_dim=pc.world_model_embed_dim,
             num_layers=pc.world_model_layers,
@@ -306,8 +313,9 @@ class UniZeroPolicy(MuZeroPolicy):
         heads = model.obs_heads(hidden[:, 0])
         return Roots(z, heads.value_logits, heads.policy_logits, ctx)
 
-    def reanalyze(self, target_model, obs, legal_mask, rng) -> np.ndarray:
-        """Fresh visit distributions [N, A]: the target world model's search from context-free roots."""
+    def reanalyze(self, target_model, obs, legal_mask, rng) -> np.ndarray | dict[str, np.ndarray]:
+        """Fresh visit distributions [N, A] (:meth:`_reanalyze_stats`): the target world model's search from
+        context-free roots."""
         with eval_mode(target_model):
             roots = self._context_free_roots(
                 target_model, torch.as_tensor(obs, device=self._device(target_model))
@@ -315,7 +323,7 @@ class UniZeroPolicy(MuZeroPolicy):
             out, _ = self._search_from(
                 target_model, roots, legal_mask, add_noise=True, deterministic=False, rng=rng
             )
-        return out.visit_distribution.astype(np.float32)
+        return self._reanalyze_stats(out)
 
     # ---------------------------------------------------------------- targets
 
@@ -352,6 +360,7 @@ class UniZeroPolicy(MuZeroPolicy):
             all_obs=True,  # teacher forcing reads every observation of the unroll
             reanalyze_count=reanalyze_count,
             reanalyze_fn=lambda o, m: self.reanalyze(target_model, o, m, rng),
+            extra_stats=self.batch_extra_stats(),
         )
         dev = self._device(target_model)
         with eval_mode(target_model):
@@ -417,9 +426,11 @@ class UniZeroPolicy(MuZeroPolicy):
             return soft_cross_entropy(logits.flatten(0, 1), target.flatten(0, 1)).view(target.shape[:2])
 
         value_loss = (ce(obs_out.value_logits, scalar_to_target(tv, support_size=vs)) * vmask).mean(1)
-        policy_loss = (ce(obs_out.policy_logits, tp) * pmask).mean(1)
-        logp = F.log_softmax(obs_out.policy_logits, dim=-1)
-        entropy = (-(logp.exp() * logp).sum(-1) * pmask).mean(1)
+        policy_ce = torch.stack(
+            [self.policy_cross_entropy(obs_out.policy_logits[:, k], batch, k, tp[:, k]) for k in range(k1)], 1
+        )  # [B, K+1]
+        policy_loss = (policy_ce * pmask).mean(1)
+        entropy = (self.policy_entropy(obs_out.policy_logits) * pmask).mean(1)
         reward_loss = (ce(act_out.reward_logits, scalar_to_target(tr, support_size=rs)) * rmask).mean(1)
         latent = self.latent_loss(model, act_out.next_latent_logits, act_out.next_latent, target_z.detach())
         latent_loss = (latent * omask[:, 1:]).mean(1)
