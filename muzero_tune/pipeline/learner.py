@@ -115,7 +115,8 @@ class Learner:
         """One optimizer step on ``batch``; updates the target network per its schedule."""
         lc = self.cfg.learn
         t0 = time.perf_counter()
-        self.model.train()
+        if not self.model.training:  # Module.train() walks every submodule: only when it changes
+            self.model.train()
         with torch.autocast(self.device.type, dtype=self._amp_dtype, enabled=self._amp):
             out = self.policy.compute_loss(self.model, batch, train_iter=self.train_iter)
         self.optimizer.zero_grad(set_to_none=True)
