@@ -16,6 +16,7 @@ import torch
 from muzero_tune.config import make_config, parse_set_args
 from muzero_tune.pipeline.collector import SegmentCollector
 from muzero_tune.pipeline.core import DriverCore, setup_torch_threads
+from muzero_tune.pipeline.learner import make_optimizer
 from muzero_tune.pipeline.reporter import MemoryReporter
 
 
@@ -58,12 +59,13 @@ def main(argv: list[str] | None = None) -> None:
 
     bs, k = cfg.learn.batch_size, cfg.replay.num_unroll_steps
     model = core.policy.build_model()
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    # the learner's own optimizer construction, so the bare step gets the same (fused) update
+    opt = make_optimizer(cfg.learn, list(model.parameters()))
     sample = core.buffer.sample(bs, core.rng)
     batch = core.policy.make_batch(sample, target_model=core.learner.target_model, rng=core.rng)
     obs = torch.as_tensor(batch.obs[:, 0])
     actions = torch.as_tensor(batch.actions)
-    loss_opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    loss_opt = make_optimizer(cfg.learn, list(model.parameters()))
 
     def loss_step():
         """The policy's own loss (SSL included) + backward + step on a fixed batch: the learner minus data."""
