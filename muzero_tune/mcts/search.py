@@ -193,7 +193,7 @@ class LatentStore:
             if latent.shape != self._full_shape:
                 _check_latent(latent, self._full_shape)
             if self._np is not None and latent.dtype == self.buf.dtype and latent.device.type == "cpu":
-                self._np[node, : self._bsz] = latent.detach().numpy()
+                self._np[node, : self._bsz] = (latent.detach() if latent.requires_grad else latent).numpy()
             else:
                 self.buf[node, : self._bsz].copy_(latent)
             return
