@@ -16,6 +16,7 @@ import torch
 from muzero_tune.config import make_config, parse_set_args
 from muzero_tune.pipeline.collector import SegmentCollector
 from muzero_tune.pipeline.core import DriverCore, setup_torch_threads
+from muzero_tune.pipeline.learner import make_optimizer
 from muzero_tune.pipeline.reporter import MemoryReporter
 
 
@@ -45,8 +46,8 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="cartpole_muzero")
     p.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
-    p.add_argument("--steps", type=int, default=100, help="timed steps per variant")
-    p.add_argument("--rounds", type=int, default=3, help="alternating rounds (side by side)")
+    p.add_argument("--steps", type=int, default=10, help="timed steps per variant per round")
+    p.add_argument("--rounds", type=int, default=15, help="interleaved rounds (side by side)")
     args = p.parse_args(argv)
     setup_torch_threads()
     cfg = make_config(args.preset, overrides={"logging.quiet": True, **parse_set_args(args.overrides)})
@@ -58,12 +59,13 @@ def main(argv: list[str] | None = None) -> None:
 
     bs, k = cfg.learn.batch_size, cfg.replay.num_unroll_steps
     model = core.policy.build_model()
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    # the learner's own optimizer construction, so the bare step gets the same (fused) update
+    opt = make_optimizer(cfg.learn, list(model.parameters()))
     sample = core.buffer.sample(bs, core.rng)
     batch = core.policy.make_batch(sample, target_model=core.learner.target_model, rng=core.rng)
     obs = torch.as_tensor(batch.obs[:, 0])
     actions = torch.as_tensor(batch.actions)
-    loss_opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    loss_opt = make_optimizer(cfg.learn, list(model.parameters()))
 
     def loss_step():
         """The policy's own loss (SSL included) + backward + step on a fixed batch: the learner minus data."""
@@ -78,29 +80,39 @@ def main(argv: list[str] | None = None) -> None:
             fn()
         return (time.perf_counter() - t0) / n
 
-    # warm-up both, then alternate rounds so both see the same machine load
-    time_it(core.train_step, 3)
-    time_it(lambda: bare_step(model, opt, obs, actions, k), 3)
-    time_it(loss_step, 2)
-    full, bare, targets, fixed = [], [], [], []
+    def build():
+        s = core.buffer.sample(bs, core.rng)
+        core.policy.make_batch(s, target_model=core.learner.target_model, rng=core.rng)
+
+    variants = {
+        "full": core.train_step,
+        "bare": lambda: bare_step(model, opt, obs, actions, k),
+        "fixed": loss_step,
+        "targets": build,
+    }
+    # warm-up, then many short interleaved rounds: every variant sees the same machine load, and the
+    # ratios are taken per round (the median and the spread say how much the shared machine moved them)
+    for fn in variants.values():
+        time_it(fn, 2)
+    per_round: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(args.rounds):
-        full.append(time_it(core.train_step, args.steps))
-        bare.append(time_it(lambda: bare_step(model, opt, obs, actions, k), args.steps))
-        fixed.append(time_it(loss_step, args.steps))
-
-        def build():
-            s = core.buffer.sample(bs, core.rng)
-            core.policy.make_batch(s, target_model=core.learner.target_model, rng=core.rng)
-
-        targets.append(time_it(build, max(1, args.steps // 4)))
-    f, b, t, x = (float(np.median(v)) for v in (full, bare, targets, fixed))
+        for name, fn in variants.items():
+            per_round[name].append(time_it(fn, args.steps))
+    med = {name: float(np.median(v)) for name, v in per_round.items()}
+    eff = np.asarray(per_round["bare"]) / np.asarray(per_round["full"])
+    eff_fixed = np.asarray(per_round["fixed"]) / np.asarray(per_round["full"])
+    f, b, x, t = med["full"], med["bare"], med["fixed"], med["targets"]
     print(f"preset={args.preset} batch={bs} K={k} model={cfg.model.kind} ssl={cfg.learn.ssl_loss_weight > 0}")
+    print(f"  rounds={args.rounds} x {args.steps} steps per variant, interleaved; medians:")
     print(f"  full learner step     : {1e3 * f:8.2f} ms  -> {1 / f:7.1f} train steps/s")
     print(f"  bare forward+backward : {1e3 * b:8.2f} ms  -> {1 / b:7.1f} steps/s")
     print(f"  policy loss + backward on a fixed batch (SSL incl.): {1e3 * x:8.2f} ms")
     print(f"  sample + targets (target-net bootstrap values incl.): {1e3 * t:8.2f} ms")
-    print(f"  learner efficiency (bare forward+backward / full): {b / f:.2f}")
-    print(f"  learner efficiency without data (fixed-batch loss step / full): {x / f:.2f}")
+    print(
+        f"  learner efficiency (bare forward+backward / full): {np.median(eff):.2f} "
+        f"(per-round min {eff.min():.2f}, max {eff.max():.2f})"
+    )
+    print(f"  learner efficiency without data (fixed-batch loss step / full): {np.median(eff_fixed):.2f}")
 
 
 if __name__ == "__main__":

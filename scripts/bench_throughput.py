@@ -4,7 +4,8 @@ Prints each pipeline's env steps/s and train steps/s, the async/sync ratio, and 
 from the sync run's measured collect and train times, (collect + train) / max(collect, train) per env
 step: what perfect overlap of collection with learning could give.
 
-    python scripts/bench_throughput.py                          # CartPole, 1 and 2 collectors, 60 s each
+    python scripts/bench_throughput.py                          # CartPole, 1 and 2 collectors, 60 s each,
+                                                                # 3 interleaved rounds: median ratio, spread
     python scripts/bench_throughput.py --wall-s 120 --collectors 1 2 --set mcts.num_simulations=50
     python scripts/bench_throughput.py --preset pong_muzero --set learn.batch_size=32 ...   # Pong (issue 5)
 """
@@ -14,6 +15,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+
+import numpy as np
 
 from muzero_tune.config import make_config, parse_set_args
 from muzero_tune.pipeline.reporter import MemoryReporter
@@ -74,55 +77,79 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--wall-s", type=float, default=60.0, help="wall budget per pipeline run")
     p.add_argument("--collectors", type=int, nargs="+", default=[1, 2])
     p.add_argument("--out-dir", default="/tmp/muzero_tune_bench")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (sync, async..., sync, ...)")
     args = p.parse_args(argv)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     overrides = parse_set_args(args.overrides)
 
-    rows = [run(args.preset, overrides, async_collectors=None, wall_s=args.wall_s, out_dir=args.out_dir)]
     import ray
 
     ray.init(num_cpus=max(4, 2 + max(args.collectors)), include_dashboard=False, log_to_driver=False)
+    rounds: list[list[dict]] = []
     try:
-        for n in args.collectors:
-            rows.append(
-                run(args.preset, overrides, async_collectors=n, wall_s=args.wall_s, out_dir=args.out_dir)
+        # interleaved rounds (sync, async x n..., sync, async x n...): the shared machine's drift hits both
+        # pipelines alike, and each round's ratio is taken against that round's sync run
+        for _ in range(args.rounds):
+            rounds.append(
+                [
+                    run(args.preset, overrides, async_collectors=n, wall_s=args.wall_s, out_dir=args.out_dir)
+                    for n in (None, *args.collectors)
+                ]
             )
     finally:
         ray.shutdown()
 
-    sync = rows[0]
-    t = sync["timings"]
-    c_per_step = t["collect_s"] / max(1, sync["env_steps"])
-    l_per_step = t["train_s"] / max(1, sync["env_steps"])
-    bound = (c_per_step + l_per_step) / max(c_per_step, l_per_step)
     print(
         f"\npreset={args.preset} overrides={overrides} "
-        f"wall budget {args.wall_s:g} s per run, {os.cpu_count()} cores"
-    )
-    print(
-        f"sync per env step: collect {1e3 * c_per_step:.2f} ms, train {1e3 * l_per_step:.2f} ms "
-        f"-> ideal overlap bound {bound:.2f}x"
+        f"wall budget {args.wall_s:g} s per run, {args.rounds} interleaved round(s), {os.cpu_count()} cores"
     )
     print(
         "matched = envstep/s x min(1, train/envstep / sync's): async runs end a wall budget with collected "
         "but not yet trained budgets, so raw envstep/s flatters them; matched counts what the replay ratio "
         "covers"
     )
-    print(
-        f"{'pipeline':>10} {'env_steps':>9} {'envstep/s':>9} {'matched':>8} {'train/s':>8} "
-        f"{'train/envstep':>13} "
-        f"{'ratio':>6} {'of bound':>8} {'learner idle':>12} {'collector idle':>14} {'lag':>6}"
-    )
-    for r in rows:
-        ratio = r["envstep_per_s"] / sync["envstep_per_s"]
-        matched = r["envstep_per_s"] * min(1.0, r["train_per_envstep"] / max(sync["train_per_envstep"], 1e-9))
+    # pipeline -> per round (ratio, matched ratio, matched share of the bound)
+    summary: dict[str, list[tuple[float, float, float]]] = {}
+    for k, rows in enumerate(rounds):
+        sync = rows[0]
+        t = sync["timings"]
+        c_per_step = t["collect_s"] / max(1, sync["env_steps"])
+        l_per_step = t["train_s"] / max(1, sync["env_steps"])
+        bound = (c_per_step + l_per_step) / max(c_per_step, l_per_step)
         print(
-            f"{r['pipeline']:>10} {r['env_steps']:>9d} {r['envstep_per_s']:>9.1f} {matched:>8.1f} "
-            f"{r['train_per_s']:>8.1f} "
-            f"{r['train_per_envstep']:>13.3f} {ratio:>6.2f} {ratio / bound:>8.0%} "
-            f"{r.get('learner_idle', float('nan')):>12.2f} {r.get('collector_idle', float('nan')):>14.2f} "
-            f"{r.get('lag_mean', float('nan')):>6.1f}"
+            f"\nround {k + 1}: sync per env step: collect {1e3 * c_per_step:.2f} ms, train "
+            f"{1e3 * l_per_step:.2f} ms -> ideal overlap bound {bound:.2f}x"
+        )
+        print(
+            f"{'pipeline':>10} {'env_steps':>9} {'envstep/s':>9} {'matched':>8} {'train/s':>8} "
+            f"{'train/envstep':>13} "
+            f"{'ratio':>6} {'of bound':>8} {'learner idle':>12} {'collector idle':>14} {'lag':>6}"
+        )
+        for r in rows:
+            ratio = r["envstep_per_s"] / sync["envstep_per_s"]
+            matched = r["envstep_per_s"] * min(
+                1.0, r["train_per_envstep"] / max(sync["train_per_envstep"], 1e-9)
+            )
+            summary.setdefault(r["pipeline"], []).append(
+                (ratio, matched / sync["envstep_per_s"], matched / sync["envstep_per_s"] / bound)
+            )
+            print(
+                f"{r['pipeline']:>10} {r['env_steps']:>9d} {r['envstep_per_s']:>9.1f} {matched:>8.1f} "
+                f"{r['train_per_s']:>8.1f} "
+                f"{r['train_per_envstep']:>13.3f} {ratio:>6.2f} {ratio / bound:>8.0%} "
+                f"{r.get('learner_idle', float('nan')):>12.2f} "
+                f"{r.get('collector_idle', float('nan')):>14.2f} {r.get('lag_mean', float('nan')):>6.1f}"
+            )
+    print(f"\nover {args.rounds} round(s): median [min, max] of each round's ratio to that round's sync run")
+    for name, vals in summary.items():
+        if name == "sync":
+            continue
+        ratio, matched, share = (np.asarray(v) for v in zip(*vals))
+        print(
+            f"{name:>10}: envstep/s ratio {np.median(ratio):.2f} [{ratio.min():.2f}, {ratio.max():.2f}]; "
+            f"matched {np.median(matched):.2f} [{matched.min():.2f}, {matched.max():.2f}]; "
+            f"matched share of the ideal bound {np.median(share):.0%} [{share.min():.0%}, {share.max():.0%}]"
         )
     sys.stdout.flush()
 

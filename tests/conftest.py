@@ -28,6 +28,18 @@ ASYNC_SMALL = {
 }
 
 
+_SUITE_T0 = time.perf_counter()
+SUITE_BUDGET_S = 15 * 60  # the default suite's budget on this 2-core machine
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """Print the suite's wall time against its budget (before pytest's closing line, which CI reads)."""
+    wall_s = time.perf_counter() - _SUITE_T0
+    terminalreporter.write_line(
+        f"test time: {wall_s:.0f} s wall for this session (default-suite budget {SUITE_BUDGET_S} s)"
+    )
+
+
 @pytest.fixture(scope="session")
 def ray_cluster():
     """A local Ray instance with 8 logical CPUs (the real work still runs on the machine's cores)."""

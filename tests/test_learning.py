@@ -21,6 +21,7 @@ RUNS = [("cartpole_muzero", 0), ("cartpole_muzero", 1), ("cartpole_muzero", 2)] 
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)  # a learning run, minutes on 2 cores: past the suite's per-test default
 @pytest.mark.parametrize("preset,seed", RUNS)
 def test_cartpole_solves(preset, seed, tmp_path):
     cfg = make_config(
@@ -46,6 +47,7 @@ SAMPLED_RUNS = [
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)  # a learning run, minutes on 2 cores: past the suite's per-test default
 @pytest.mark.parametrize("preset,seed,max_env_steps,max_wall_s", SAMPLED_RUNS)
 def test_sampled_types_reach_their_targets(preset, seed, max_env_steps, max_wall_s, tmp_path):
     cfg = make_config(

@@ -217,3 +217,42 @@ def test_build_network_unknown_kind_message():
 def test_conv_rejects_bad_obs_shape():
     with pytest.raises(ValueError, match="obs_shape"):
         ConvMuZeroNet(obs_shape=(64, 64), num_actions=2)
+
+
+@pytest.mark.parametrize("continuous", [False, True])
+def test_traced_recurrent_call_equals_eager_across_batch_sizes_and_weight_loads(continuous):
+    """The search's traced recurrent call (models/traced.py) gives the eager outputs at a batch size other
+    than the one it was traced at, sees weights loaded in place afterwards, and is not used with autograd."""
+    from muzero_tune.models.sampled_net import MLPGaussianMuZeroNet
+    from muzero_tune.models.traced import _TRACES, recurrent_outputs
+
+    def make(seed):
+        torch.manual_seed(seed)
+        kw = dict(obs_dim=4, latent_dim=8, hidden_dim=16, value_support_size=5, reward_support_size=3)
+        net = MLPGaussianMuZeroNet(action_dim=2, **kw) if continuous else MLPMuZeroNet(num_actions=3, **kw)
+        for p in net.parameters():  # the zero-initialised heads would hide a stale trace
+            nn.init.normal_(p, std=0.3)
+        return net.eval()
+
+    net, other = make(0), make(1)
+
+    def action(b):
+        return torch.rand(b, 2) * 2 - 1 if continuous else torch.randint(0, 3, (b,))
+
+    def eager(b_latent, b_action):
+        out = net.recurrent_inference(b_latent, b_action)
+        return out.latent, out.reward_logits, out.value_logits, out.policy_logits
+
+    with torch.no_grad():
+        recurrent_outputs(net, torch.rand(8, 8), action(8))  # traced at B = 8
+        assert _TRACES.get(net) is not None and _TRACES[net][1] is not None
+        for b in (3, 8):
+            lat, act = torch.rand(b, 8), action(b)
+            for got, want in zip(recurrent_outputs(net, lat, act), eager(lat, act)):
+                torch.testing.assert_close(got, want)
+        net.load_state_dict(other.state_dict())  # in place, as a collector's weight sync
+        lat, act = torch.rand(5, 8), action(5)
+        for got, want in zip(recurrent_outputs(net, lat, act), eager(lat, act)):
+            torch.testing.assert_close(got, want)
+    lat = torch.rand(4, 8, requires_grad=True)
+    assert recurrent_outputs(net, lat, action(4))[0].requires_grad  # eager under autograd

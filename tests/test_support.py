@@ -160,3 +160,23 @@ def test_numba_decode_matches_torch_decode():
         got = logits_to_scalar_np(logits.numpy(), support_size=s)
         assert got.dtype == np.float32 and got.shape == (64,)
         np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("support_size", [1, 5, 50])
+def test_two_hot_cross_entropy_equals_dense_target_ce_with_gradient(support_size):
+    """The gather form agrees with CE against the dense two-hot target, value and gradient, including
+    values past the support's edge (clipped) and exactly on it."""
+    from muzero_tune.models.support import two_hot_cross_entropy
+
+    g = torch.Generator().manual_seed(support_size)
+    edge = float(inverse_scalar_transform(torch.tensor(float(support_size))))
+    x = torch.cat([torch.randn(3, 7, generator=g).flatten() * 3 * edge, torch.tensor([edge, -edge, 0.0])])
+    x = x.view(-1, 4)  # [6, 4]: two leading dims
+    logits = torch.randn(*x.shape, 2 * support_size + 1, generator=g, dtype=torch.float64, requires_grad=True)
+    dense = -(scalar_to_target(x.double(), support_size=support_size) * torch.log_softmax(logits, -1)).sum(-1)
+    (g_dense,) = torch.autograd.grad(dense.sum(), logits)
+    fast = two_hot_cross_entropy(logits, x.double(), support_size=support_size)
+    (g_fast,) = torch.autograd.grad(fast.sum(), logits)
+    assert fast.shape == x.shape
+    torch.testing.assert_close(fast, dense)
+    torch.testing.assert_close(g_fast, g_dense)

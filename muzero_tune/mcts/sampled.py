@@ -28,10 +28,9 @@ Interface
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from muzero_tune.mcts import sampled_kernels as smk
-from muzero_tune.mcts.search import MuZeroSearch, _check_latent, _check_shape, _stage, call_recurrent, fast
+from muzero_tune.mcts.search import MuZeroSearch, _check_shape, _stage, call_recurrent, fast
 from muzero_tune.mcts.tree import TreeArrays
 
 SAMPLED_PRIORS = ("uniform", "density")
@@ -166,14 +165,12 @@ class SampledSearch(MuZeroSearch):
         a = self._tree.node_actions[np.arange(bsz), nodes, slots]  # [B, D]
         return a.astype(np.float32) if self.continuous else a[:, 0].astype(np.int64)
 
-    def _expand(self, bsz, sim, latents, batch_index, recurrent_fn, **network_fns) -> None:
+    def _expand(self, bsz, sim, recurrent_fn, **network_fns) -> None:
         t = self._tree
-        parent_node = torch.from_numpy(t.sel_parent[:bsz]).to(device=latents.device, dtype=torch.long)
-        parent_latent = latents[parent_node, batch_index]  # [B, *latent_shape]
+        parent_latent = self._store.gather(t.sel_parent[:bsz])  # [B, *latent_shape]
         actions = self._env_actions(bsz, t.sel_parent[:bsz], t.sel_action[:bsz])
         next_latent, reward, value, params = call_recurrent(recurrent_fn, parent_latent, actions, t, bsz, sim)
-        _check_latent(next_latent, (bsz, *latents.shape[2:]))
-        latents[sim + 1, :bsz].copy_(next_latent)
+        self._store.put(sim + 1, next_latent)
         _stage("reward", t.leaf_reward[:bsz], reward)
         _stage("value", t.leaf_value[:bsz], value)
         _stage("policy_params", t.leaf_params[:bsz], params)

@@ -33,7 +33,7 @@ import torch
 
 from muzero_tune.mcts import kernels
 from muzero_tune.mcts.chance import CHANCE_MODES
-from muzero_tune.mcts.search import MuZeroSearch, RecurrentFn, SearchOutput, _check_latent, _check_shape
+from muzero_tune.mcts.search import MuZeroSearch, RecurrentFn, SearchOutput, _check_shape
 from muzero_tune.mcts.tree import TreeArrays
 
 AfterstateFn = Callable[[torch.Tensor, np.ndarray], tuple[torch.Tensor, np.ndarray, np.ndarray]]
@@ -84,7 +84,7 @@ class StochasticMuZeroSearch(MuZeroSearch):
         self._calls = 0
         kernels.seed_rng(int(rng.integers(0, 2**31 - 1)))
 
-    def _expand(self, bsz, sim, latents, batch_index, recurrent_fn, *, afterstate_fn: AfterstateFn) -> None:
+    def _expand(self, bsz, sim, recurrent_fn, *, afterstate_fn: AfterstateFn) -> None:
         """Expand every tree's selected edge, with one batched call per edge kind present in the batch."""
         t = self._tree
         chance_rows = t.sel_kind[:bsz] == kernels.CHANCE  # [B] parent is a chance node
@@ -95,10 +95,8 @@ class StochasticMuZeroSearch(MuZeroSearch):
         if n_chance > 0:
             groups.append((kernels.CHANCE, None if n_chance == bsz else np.flatnonzero(chance_rows)))
         for kind, rows in groups:
-            idx = batch_index if rows is None else torch.from_numpy(rows).to(latents.device)
             sel = slice(0, bsz) if rows is None else rows
-            parent = torch.from_numpy(t.sel_parent[sel].astype(np.int64)).to(latents.device)
-            parent_latent = latents[parent, idx]  # [n, *latent_shape]
+            parent_latent = self._store.gather(t.sel_parent[sel], rows)  # [n, *latent_shape]
             edges = t.sel_action[sel].astype(np.int64)  # [n]
             n = len(edges)
             if kind == kernels.DECISION:
@@ -107,11 +105,10 @@ class StochasticMuZeroSearch(MuZeroSearch):
             else:
                 nxt, reward, value, logits = recurrent_fn(parent_latent, edges)
                 width = self._num_actions
-            _check_latent(nxt, (n, *latents.shape[2:]))
             _check_shape("reward", reward, (n,))
             _check_shape("value", value, (n,))
             _check_shape("logits", logits, (n, width))
-            latents[sim + 1, idx] = nxt.to(latents.dtype)
+            self._store.put(sim + 1, nxt, rows)
             t.leaf_reward[sel] = reward
             t.leaf_value[sel] = value
             t.leaf_logits[sel, :width] = logits

@@ -17,6 +17,7 @@ from muzero_tune.models.support import (
     scalar_to_target,
     scalar_to_two_hot,
     scalar_transform,
+    two_hot_cross_entropy,
 )
 
 __all__ = [
@@ -34,4 +35,5 @@ __all__ = [
     "scalar_to_target",
     "scalar_to_two_hot",
     "scalar_transform",
+    "two_hot_cross_entropy",
 ]

@@ -104,6 +104,9 @@ class MuZeroNetwork(nn.Module):
     num_actions: int
     value_support_size: int
     reward_support_size: int
+    # True where recurrent_inference's control flow depends on shapes only, so a traced graph of it is
+    # exact (models/traced.py uses one in the search); a network that branches on values keeps False
+    traceable_recurrent: bool = False
 
     # -- pieces implemented by subclasses ----------------------------------------------------
 
@@ -193,6 +196,8 @@ class MLPMuZeroNet(MuZeroNetwork):
 
     The value and reward heads are zero-initialised so the first predictions decode to 0.
     """
+
+    traceable_recurrent = True  # shape-only control flow: the search calls a traced twin (models/traced.py)
 
     def __init__(
         self,

@@ -8,6 +8,8 @@ distributions that MuZero-family networks predict:
 * ``scalar_to_two_hot`` -- a value already in h-space onto integer bins -S..S (two-hot).
 * ``scalar_to_target`` -- raw scalar -> two-hot of h(x), the cross-entropy training target.
 * ``logits_to_scalar`` -- network logits -> softmax -> expectation over bins -> h^-1.
+* ``two_hot_cross_entropy`` -- the cross-entropy of logits against ``scalar_to_target(x)`` without building
+  the dense [..., 2S+1] target (two gathers of the log-softmax): the learner's value/reward loss.
 
 A bin layout with ``support_size = S`` has ``2 * S + 1`` bins, bin ``i`` standing for the
 integer ``i - S``. All functions work on arbitrary leading batch dimensions ``[...]``.
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = [
@@ -29,6 +32,7 @@ __all__ = [
     "scalar_to_target",
     "scalar_to_two_hot",
     "scalar_transform",
+    "two_hot_cross_entropy",
 ]
 
 DEFAULT_EPS = 0.001
@@ -97,6 +101,28 @@ def scalar_to_target(x: Tensor, *, support_size: int, eps: float = DEFAULT_EPS) 
     Shapes: x [...] -> [..., 2 * S + 1].
     """
     return scalar_to_two_hot(scalar_transform(x, eps=eps), support_size=support_size)
+
+
+def two_hot_cross_entropy(
+    logits: Tensor, x: Tensor, *, support_size: int, eps: float = DEFAULT_EPS
+) -> Tensor:
+    """Cross-entropy of ``logits`` against the two-hot target of the raw scalar ``x``.
+
+    Shapes: logits [..., 2S+1], x [...] -> [...]. Equal to
+    ``-(scalar_to_target(x) * log_softmax(logits)).sum(-1)`` (gradient included), but reads the two bins
+    of the log-softmax that carry weight instead of materialising the dense target: one log-softmax and
+    one gather over all leading dims (the learner calls it once for all unroll steps).
+    """
+    _check_support_size(support_size)
+    s = support_size
+    y = scalar_transform(x, eps=eps).clamp(-s, s)
+    low = torch.floor(y)
+    upper_w = y - low  # [...] in [0, 1)
+    low_idx = (low + s).long()
+    high_idx = (low_idx + 1).clamp(max=2 * s)  # at y == S the upper bin carries weight 0
+    logp = F.log_softmax(logits, dim=-1)  # [..., 2S+1]
+    picked = logp.gather(-1, torch.stack([low_idx, high_idx], dim=-1))  # [..., 2]
+    return -((1.0 - upper_w) * picked[..., 0] + upper_w * picked[..., 1])
 
 
 def logits_to_scalar(logits: Tensor, *, support_size: int, eps: float = DEFAULT_EPS) -> Tensor:

@@ -44,6 +44,23 @@ def lr_factor(lc: LearnConfig, step: int) -> float:
     return 1.0
 
 
+def make_optimizer(lc: LearnConfig, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    """The configured optimizer over ``params`` (torch's default implementation).
+
+    ``fused=True`` measured 6.9 -> 1.1 ms per Adam step for the CartPole MLP on this CPU, but its other
+    summation order changes the training trajectory: CartPole seeds 0-4 then needed a median of 3,640 env
+    steps to 195 (worst 11,752) against 2,328 (worst 5,040) with this default, which reproduces the previous
+    runs step for step. Left off until a wider seed comparison says the difference is chance.
+    """
+    if lc.optimizer == "sgd":
+        return torch.optim.SGD(
+            params, lr=lc.learning_rate, momentum=lc.momentum, weight_decay=lc.weight_decay
+        )
+    if lc.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=lc.learning_rate, weight_decay=lc.weight_decay)
+    return torch.optim.Adam(params, lr=lc.learning_rate, weight_decay=lc.weight_decay)
+
+
 def rng_state() -> dict:
     """RNG states of torch, numpy's global generator and Python's random (weights_only-loadable)."""
     st = np.random.get_state()
@@ -95,15 +112,8 @@ class Learner:
         self.target_model = copy.deepcopy(self.model)
         self.target_model.requires_grad_(False)
         self.target_model.eval()
-        params = self.model.parameters()
-        if lc.optimizer == "sgd":
-            self.optimizer = torch.optim.SGD(
-                params, lr=lc.learning_rate, momentum=lc.momentum, weight_decay=lc.weight_decay
-            )
-        elif lc.optimizer == "adamw":
-            self.optimizer = torch.optim.AdamW(params, lr=lc.learning_rate, weight_decay=lc.weight_decay)
-        else:
-            self.optimizer = torch.optim.Adam(params, lr=lc.learning_rate, weight_decay=lc.weight_decay)
+        self._params = list(self.model.parameters())  # walked once: clip_grad_norm_ per step takes the list
+        self.optimizer = make_optimizer(lc, self._params)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(lc, s))
         self.train_iter = 0
         self.train_time_s = 0.0
@@ -115,13 +125,14 @@ class Learner:
         """One optimizer step on ``batch``; updates the target network per its schedule."""
         lc = self.cfg.learn
         t0 = time.perf_counter()
-        self.model.train()
+        if not self.model.training:  # Module.train() walks every submodule: only when it changes
+            self.model.train()
         with torch.autocast(self.device.type, dtype=self._amp_dtype, enabled=self._amp):
             out = self.policy.compute_loss(self.model, batch, train_iter=self.train_iter)
         self.optimizer.zero_grad(set_to_none=True)
         self._scaler.scale(out.loss).backward()
         self._scaler.unscale_(self.optimizer)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), lc.grad_clip_norm)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self._params, lc.grad_clip_norm)
         self._scaler.step(self.optimizer)
         self._scaler.update()
         self.scheduler.step()

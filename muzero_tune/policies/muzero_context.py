@@ -28,17 +28,15 @@ a model state per env across steps (this one and ``muzero_rnn_full_obs``).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import warnings
-from collections.abc import Iterator
 
 import numpy as np
 import torch
 
 from muzero_tune.mcts import SearchOutput, select_action
 from muzero_tune.policies.base import ActOutput
-from muzero_tune.policies.muzero import MuZeroPolicy
+from muzero_tune.policies.muzero import MuZeroPolicy, eval_mode
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -81,18 +79,6 @@ class CarriedActState:
             latent = self.latent.clone()
         latent[torch.as_tensor(env_index, device=latent.device)] = root
         return CarriedActState(step=step, action=action, latent=latent)
-
-
-@contextlib.contextmanager
-def eval_mode(model: torch.nn.Module) -> Iterator[None]:
-    """``model.eval()`` and no autograd inside; the previous train/eval mode restored after."""
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            yield
-    finally:
-        model.train(was_training)
 
 
 class CarriedStatePolicy(MuZeroPolicy):
