@@ -636,6 +636,49 @@ PRESETS["pong_unizero"] = {
 }
 
 
+# ---------------------------------------------------------------------------------------------- other tasks
+# Acrobot-v1 (3 actions, reward -1 per step until the tip swings above the bar, 500 steps; solved here at eval
+# mean >= -100 over 8 episodes within 50k env steps). Every action looks the same to MuZero until a training
+# episode has reached the goal (the value is a constant offset, the visit targets stay uniform and collection
+# is random), and random play reaches it in only 2.5% of 500-step episodes (median 1,700 steps): training
+# episodes run up to 2,000 steps (evaluation keeps the env's 500), so random play reaches the goal in about
+# half of them. discount 0.99 and a target copy every 25 train steps bring the value's offset (-1 / (1 -
+# gamma)) in within a few thousand env steps, where 0.997 and 100 still drift after 40k (see the README).
+PRESETS["acrobot_muzero"] = {
+    **PRESETS["cartpole_muzero"],
+    "exp_name": "acrobot_muzero",
+    "env.env_id": "Acrobot-v1",
+    "env.max_episode_steps": 2_000,
+    "eval.max_episode_steps": 500,
+    "mcts.discount": 0.99,
+    "learn.target_update_interval": 25,
+    "model.value_support_size": 20,  # h(100) = 9.1
+    "model.reward_support_size": 5,
+    "eval.eval_freq": 1_000,  # every 4k env steps: an unsolved evaluation is 8 x 500 steps
+    "max_env_step": 50_000,
+    "stop_value": -100.0,
+}
+# LunarLander-v3, discrete (4 actions; the box2d extra): shaped rewards, about +-100 at a crash or a landing,
+# episodes up to 1000 steps, solved at 200; the learning goal here is eval mean >= 100 over 8 episodes within
+# 150k env steps. h(100) = 9.2 fits the reward support, h(1000) = 31.6 the value support. Evaluations are
+# long (8 episodes of up to 1000 steps), so they run every 10k env steps.
+PRESETS["lunarlander_muzero"] = {
+    **PRESETS["cartpole_muzero"],
+    "exp_name": "lunarlander_muzero",
+    "env.env_id": "LunarLander-v3",
+    "model.value_support_size": 50,
+    "model.reward_support_size": 10,
+    "replay.td_steps": 10,
+    "eval.eval_freq": 2_500,
+    "max_env_step": 150_000,
+    "stop_value": 100.0,
+}
+PRESETS["lunarlander_efficientzero"] = {
+    **PRESETS["lunarlander_muzero"],
+    "exp_name": "lunarlander_efficientzero",
+    "policy.type": "efficientzero",
+}
+
 # ---------------------------------------------------------------------------------------------- overrides
 
 

@@ -20,7 +20,10 @@ from muzero_tune.pipeline.reporter import MemoryReporter
 from muzero_tune.pipeline.sync_driver import train_muzero_segment
 
 
-def run_seed(seed: int, overrides: dict, output_dir: str, preset: str = "cartpole_muzero") -> dict:
+def run_seed(
+    seed: int, overrides: dict, output_dir: str, preset: str = "cartpole_muzero", reporter=None
+) -> dict:
+    """Train one seed; ``reporter``: a MemoryReporter (or subclass) to use, None for a fresh one."""
     cfg = make_config(
         preset,
         overrides={
@@ -31,7 +34,7 @@ def run_seed(seed: int, overrides: dict, output_dir: str, preset: str = "cartpol
             **overrides,
         },
     )
-    rep = MemoryReporter()
+    rep = MemoryReporter() if reporter is None else reporter
     summary = train_muzero_segment(cfg, reporter=rep)
     target = cfg.stop_value if cfg.stop_value is not None else 195.0
     solved = next((e for e in rep.evals if e["reward_mean"] >= target), None)

@@ -34,8 +34,23 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from learning_curve import run_seed  # noqa: E402  (the one run function, shared with learning_curve.py)
 
 from muzero_tune.config import make_config, parse_set_args  # noqa: E402
+from muzero_tune.pipeline.reporter import MemoryReporter  # noqa: E402
 
 RESULTS_DIR = "results"
+
+
+class EvalPrinter(MemoryReporter):
+    """A MemoryReporter that prints one line per evaluation (a long cell shows how far it got)."""
+
+    def __init__(self, label: str):
+        super().__init__()
+        self.label = label
+
+    def on_eval(self, metrics, evaluated, resume_state) -> None:
+        super().on_eval(metrics, evaluated, resume_state)
+        print(f"[learning_report] {self.label}: eval reward_mean {metrics['reward_mean']:.1f} at "
+              f"{metrics['envstep']:,} env steps / {metrics['wall_s']:.0f} s (load {os.getloadavg()[0]:.2f})",
+              flush=True)
 
 
 # ---------------------------------------------------------------------------------------------- cells
@@ -58,7 +73,8 @@ def run_cell(preset: str, seed: int, overrides: dict, output_dir: str) -> dict:
     cfg = make_config(preset, overrides={"seed": seed, **overrides})
     load_before = os.getloadavg()
     t0 = time.monotonic()
-    row = run_seed(seed, overrides, os.path.join(output_dir, "runs"), preset)
+    row = run_seed(seed, overrides, os.path.join(output_dir, "runs"), preset,
+                   reporter=EvalPrinter(f"{preset} seed {seed}"))
     curve = row["curve"]
     return {
         **row,
