@@ -48,8 +48,10 @@ class EvalPrinter(MemoryReporter):
 
     def on_eval(self, metrics, evaluated, resume_state) -> None:
         super().on_eval(metrics, evaluated, resume_state)
+        collected = metrics.get("collect/episode_return_mean")
         print(f"[learning_report] {self.label}: eval reward_mean {metrics['reward_mean']:.1f} at "
-              f"{metrics['envstep']:,} env steps / {metrics['wall_s']:.0f} s (load {os.getloadavg()[0]:.2f})",
+              f"{metrics['envstep']:,} env steps / {metrics['wall_s']:.0f} s; training episodes' mean return "
+              f"{collected if collected is None else round(collected, 1)} (load {os.getloadavg()[0]:.2f})",
               flush=True)
 
 
