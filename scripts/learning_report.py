@@ -94,6 +94,51 @@ def run_cell(preset: str, seed: int, overrides: dict, output_dir: str) -> dict:
     }
 
 
+IGNORED_KEYS = ("exp_name", "seed", "logging.")  # may differ between a cell and an imported run
+
+
+def import_run(run_dir: str, preset: str, overrides: dict) -> dict:
+    """A stored cell from a finished standalone run folder (``muzero-tune train``: config.json +
+    metrics.jsonl) whose config is exactly ``preset`` + ``overrides`` (names, seed and logging aside).
+
+    Raises SystemExit naming the first key that differs, so a run of another config is never filed under
+    the preset."""
+    from muzero_tune.config import to_flat_dict
+
+    with open(os.path.join(run_dir, "config.json")) as f:
+        ran = json.load(f)
+    seed = int(ran["seed"])
+    want = to_flat_dict(make_config(preset, overrides={"seed": seed, **overrides}))
+    for key, value in want.items():
+        if key.startswith(IGNORED_KEYS):
+            continue
+        if ran.get(key) != value:
+            raise SystemExit(f"--import-run {run_dir}: config key '{key}' = {ran.get(key)!r} there, "
+                             f"{value!r} in preset {preset} with the --set overrides")
+    evals = []
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        for line in f:
+            row = json.loads(line)
+            if row.get("reward_mean") is not None and row.get("eval_episodes"):
+                evals.append(row)
+    target = want["stop_value"] if want["stop_value"] is not None else 195.0
+    solved = next((e for e in evals if e["reward_mean"] >= target), None)
+    curve = [(e["envstep"], round(e["wall_s"], 1), e["reward_mean"]) for e in evals]
+    return {
+        "seed": seed, "target": target, "solved": solved is not None,
+        "env_steps_to_target": solved["envstep"] if solved else None,
+        "wall_s_to_target": round(solved["wall_s"], 1) if solved else None,
+        "train_iter_to_target": solved["train_iter"] if solved else None,
+        "best_reward_mean": max((e["reward_mean"] for e in evals), default=None),
+        "stop_reason": "imported", "curve": curve, "preset": preset, "env_id": want["env.env_id"],
+        "policy_type": want["policy.type"], "overrides": {k: str(v) for k, v in overrides.items()},
+        "max_env_step": want["max_env_step"], "max_wall_s": want["max_wall_s"],
+        "final_return": curve[-1][2] if curve else None, "final_env_steps": curve[-1][0] if curve else None,
+        "imported_from": os.path.abspath(run_dir),
+        "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
 def load_results(output_dir: str) -> list[dict]:
     """Every stored cell in ``<output_dir>/results``, ordered by preset then seed."""
     rows = []
@@ -288,6 +333,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-wall-s", type=float, default=None, help="wall budget per cell (default: none)")
     p.add_argument("--table-only", action="store_true", help="only rebuild report.md and the PNGs")
     p.add_argument("--rerun", action="store_true", help="train cells again even if a result is stored")
+    p.add_argument("--import-run", metavar="RUN_DIR", default=None,
+                   help="store a finished `muzero-tune train` run folder as the cell of --presets (one) and "
+                        "its seed; its config must be the preset's with the --set overrides")
     args = p.parse_args(argv)
 
     overrides = parse_set_args(args.overrides)
@@ -295,7 +343,13 @@ def main(argv: list[str] | None = None) -> int:
         overrides["max_env_step"] = args.max_env_steps
     if args.max_wall_s is not None:
         overrides["max_wall_s"] = args.max_wall_s
-    if not args.table_only:
+    if args.import_run:
+        if len(args.presets) != 1:
+            raise SystemExit("--import-run needs exactly one --presets name")
+        rec = import_run(args.import_run, args.presets[0], overrides)
+        _write_json_atomic(cell_path(args.output_dir, rec["preset"], rec["seed"]), rec)
+        print(f"[learning_report] imported {args.import_run}: {seed_lines([rec]).strip()}", flush=True)
+    elif not args.table_only:
         for preset in args.presets:  # every config is checked before the first cell trains
             make_config(preset, overrides={"seed": args.seeds[0], **overrides})
         for preset in args.presets:

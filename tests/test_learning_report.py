@@ -87,3 +87,15 @@ def test_a_tiny_real_cell_is_stored_then_skipped(report, tmp_path, capsys):
     assert "stored, skipped" in capsys.readouterr().out and os.path.getmtime(path) == mtime
     assert report.main(["--output-dir", out, "--table-only"]) == 0
     assert os.path.exists(os.path.join(out, "CartPole-v1.png"))
+
+
+def test_import_run_files_a_cli_run_only_under_its_own_config(report, trained_run, tmp_path):
+    from conftest import CLI_SMALL
+
+    overrides = {k: str(v) for k, v in {**CLI_SMALL, "max_env_step": 300}.items() if k != "exp_name"}
+    overrides["stop_value"] = "none"
+    rec = report.import_run(trained_run, "cartpole_muzero", overrides)
+    assert rec["seed"] == 1 and rec["preset"] == "cartpole_muzero" and len(rec["curve"]) == 3
+    assert rec["curve"][-1][0] >= 300 and not rec["solved"]  # stop_value none: the 195 default, not reached
+    with pytest.raises(SystemExit, match="config key 'mcts.num_simulations' = 4 there, 25 in preset"):
+        report.import_run(trained_run, "cartpole_muzero", {**overrides, "mcts.num_simulations": "25"})
