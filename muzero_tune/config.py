@@ -687,6 +687,52 @@ PRESETS["cartpole_sampled_unizero"] = {
 }
 
 
+# ---------------------------------------------------------------------------------------------- other tasks
+# Acrobot-v1 (3 actions, reward -1 per step until the tip swings above the bar, 500 steps; the goal here: eval
+# mean >= -100 over 8 episodes within 50k env steps). Every action looks the same to MuZero until training
+# episodes reach the goal (the value is one constant, the visit targets stay uniform, collection is random),
+# and random play reaches it in only about 3% of 500-step episodes (median 1,700 steps without a limit), so
+# training episodes run up to 2,000 steps (evaluation keeps the env's 500). discount 0.99 and a target copy
+# every 25 train steps bring the value's offset (-1 / (1 - discount)) in within a few thousand env steps
+# (0.997 and 100 were still at a third of it after 6k); 50-step value targets carry a reached goal back over
+# a swing-up at once; collection at temperature 0.25 follows the search once it tells the actions apart.
+PRESETS["acrobot_muzero"] = {
+    **PRESETS["cartpole_muzero"],
+    "exp_name": "acrobot_muzero",
+    "env.env_id": "Acrobot-v1",
+    "env.max_episode_steps": 2_000,
+    "eval.max_episode_steps": 500,
+    "mcts.discount": 0.99,
+    "learn.target_update_interval": 25,
+    "replay.td_steps": 50,
+    "collect.temperature": 0.25,
+    "model.value_support_size": 20,  # h(100) = 9.1
+    "model.reward_support_size": 5,
+    "eval.eval_freq": 1_000,  # every 4k env steps: an unsolved evaluation is 8 x 500 steps
+    "max_env_step": 50_000,
+    "stop_value": -100.0,
+}
+# LunarLander-v3, discrete (4 actions; the box2d extra): shaped rewards, about +-100 at a crash or a landing,
+# episodes up to 1000 steps, solved at 200; the learning goal here is eval mean >= 100 over 8 episodes within
+# 150k env steps. h(100) = 9.2 fits the reward support, h(1000) = 31.6 the value support. Evaluations are
+# long (8 episodes of up to 1000 steps), so they run every 10k env steps.
+PRESETS["lunarlander_muzero"] = {
+    **PRESETS["cartpole_muzero"],
+    "exp_name": "lunarlander_muzero",
+    "env.env_id": "LunarLander-v3",
+    "model.value_support_size": 50,
+    "model.reward_support_size": 10,
+    "replay.td_steps": 10,
+    "eval.eval_freq": 2_500,
+    "max_env_step": 150_000,
+    "stop_value": 100.0,
+}
+PRESETS["lunarlander_efficientzero"] = {
+    **PRESETS["lunarlander_muzero"],
+    "exp_name": "lunarlander_efficientzero",
+    "policy.type": "efficientzero",
+}
+
 # ---------------------------------------------------------------------------------------------- overrides
 
 

@@ -30,7 +30,11 @@ class _EchoReporter(MemoryReporter):
               f"reward_mean={metrics['reward_mean']:.1f}", file=sys.stderr, flush=True)  # fmt: skip
 
 
-def run_seed(seed: int, overrides: dict, output_dir: str, preset: str = "cartpole_muzero") -> dict:
+def run_seed(
+    seed: int, overrides: dict, output_dir: str, preset: str = "cartpole_muzero", reporter=None
+) -> dict:
+    """Train one seed; ``reporter``: a MemoryReporter (or subclass) to use, None for one that prints every
+    evaluation to stderr."""
     cfg = make_config(
         preset,
         overrides={
@@ -41,7 +45,7 @@ def run_seed(seed: int, overrides: dict, output_dir: str, preset: str = "cartpol
             **overrides,
         },
     )
-    rep = _EchoReporter()
+    rep = _EchoReporter() if reporter is None else reporter
     summary = train_muzero_segment(cfg, reporter=rep)
     target = cfg.stop_value if cfg.stop_value is not None else 195.0
     solved = next((e for e in rep.evals if e["reward_mean"] >= target), None)

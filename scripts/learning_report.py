@@ -1,0 +1,374 @@
+"""Learning report: a matrix of presets x seeds, one run at a time; a Markdown table and one plot per task.
+
+Each (preset, seed) cell is trained by ``learning_curve.run_seed`` (the sync pipeline, stopping at the
+preset's ``stop_value`` or its env-step / wall budget) and its result is stored as
+``<output-dir>/results/<preset>__seed<seed>.json`` the moment it finishes. A re-run skips the cells already
+stored (resumable: stop it at any time, start it again), and ``--table-only`` rebuilds the table and the plots
+from the stored results without training anything.
+
+Outputs in ``<output-dir>``:
+
+- ``report.md``: per preset the solved count n/N, the median and worst env steps and wall seconds to the
+  threshold (worst is "> budget" when a seed did not get there), the median and minimum final return;
+- ``<env_id>.png`` (one per task, ``/`` in the id written ``_``): eval return against env steps, per preset
+  the median over seeds as a line and the min-max band over seeds; a seed that stopped early (solved) holds
+  its last return from then on.
+
+    python scripts/learning_report.py --presets cartpole_muzero cartpole_efficientzero --seeds 0 1 2 3 4
+    python scripts/learning_report.py --presets acrobot_muzero --seeds 0 1 2 --output-dir runs/report_acrobot
+    python scripts/learning_report.py --output-dir runs/report_acrobot --table-only
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from learning_curve import run_seed  # noqa: E402  (the one run function, shared with learning_curve.py)
+
+from muzero_tune.config import make_config, parse_set_args  # noqa: E402
+from muzero_tune.pipeline.reporter import MemoryReporter  # noqa: E402
+
+RESULTS_DIR = "results"
+
+
+class EvalPrinter(MemoryReporter):
+    """A MemoryReporter that prints one line per evaluation (a long cell shows how far it got)."""
+
+    def __init__(self, label: str):
+        super().__init__()
+        self.label = label
+
+    def on_eval(self, metrics, evaluated, resume_state) -> None:
+        super().on_eval(metrics, evaluated, resume_state)
+        collected = metrics.get("collect/episode_return_mean")
+        print(f"[learning_report] {self.label}: eval reward_mean {metrics['reward_mean']:.1f} at "
+              f"{metrics['envstep']:,} env steps / {metrics['wall_s']:.0f} s; training episodes' mean return "
+              f"{collected if collected is None else round(collected, 1)} (load {os.getloadavg()[0]:.2f})",
+              flush=True)
+
+
+# ---------------------------------------------------------------------------------------------- cells
+
+
+def cell_path(output_dir: str, preset: str, seed: int) -> str:
+    return os.path.join(output_dir, RESULTS_DIR, f"{preset}__seed{seed}.json")
+
+
+def _write_json_atomic(path: str, data: dict) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1)
+    os.replace(tmp, path)
+
+
+def run_cell(preset: str, seed: int, overrides: dict, output_dir: str) -> dict:
+    """Train one (preset, seed) cell; its stored record is run_seed's row plus the task and budgets."""
+    cfg = make_config(preset, overrides={"seed": seed, **overrides})
+    load_before = os.getloadavg()
+    t0 = time.monotonic()
+    row = run_seed(seed, overrides, os.path.join(output_dir, "runs"), preset,
+                   reporter=EvalPrinter(f"{preset} seed {seed}"))
+    curve = row["curve"]
+    return {
+        **row,
+        "preset": preset,
+        "env_id": cfg.env.env_id,
+        "policy_type": cfg.policy.type,
+        "overrides": {k: str(v) for k, v in overrides.items()},
+        "max_env_step": cfg.max_env_step,
+        "max_wall_s": cfg.max_wall_s,
+        "final_return": curve[-1][2] if curve else None,
+        "final_env_steps": curve[-1][0] if curve else None,
+        "run_wall_s": round(time.monotonic() - t0, 1),
+        "loadavg_1min_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
+        "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+IGNORED_KEYS = ("exp_name", "seed", "logging.")  # may differ between a cell and an imported run
+
+
+def import_run(run_dir: str, preset: str, overrides: dict) -> dict:
+    """A stored cell from a finished standalone run folder (``muzero-tune train``: config.json +
+    metrics.jsonl) whose config is exactly ``preset`` + ``overrides`` (names, seed and logging aside).
+
+    Raises SystemExit naming the first key that differs, so a run of another config is never filed under
+    the preset."""
+    from muzero_tune.config import to_flat_dict
+
+    with open(os.path.join(run_dir, "config.json")) as f:
+        ran = json.load(f)
+    seed = int(ran["seed"])
+    want = to_flat_dict(make_config(preset, overrides={"seed": seed, **overrides}))
+    for key, value in want.items():
+        if key.startswith(IGNORED_KEYS):
+            continue
+        if ran.get(key) != value:
+            raise SystemExit(f"--import-run {run_dir}: config key '{key}' = {ran.get(key)!r} there, "
+                             f"{value!r} in preset {preset} with the --set overrides")
+    evals = []
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        for line in f:
+            row = json.loads(line)
+            if row.get("reward_mean") is not None and row.get("eval_episodes"):
+                evals.append(row)
+    target = want["stop_value"] if want["stop_value"] is not None else 195.0
+    solved = next((e for e in evals if e["reward_mean"] >= target), None)
+    curve = [(e["envstep"], round(e["wall_s"], 1), e["reward_mean"]) for e in evals]
+    return {
+        "seed": seed, "target": target, "solved": solved is not None,
+        "env_steps_to_target": solved["envstep"] if solved else None,
+        "wall_s_to_target": round(solved["wall_s"], 1) if solved else None,
+        "train_iter_to_target": solved["train_iter"] if solved else None,
+        "best_reward_mean": max((e["reward_mean"] for e in evals), default=None),
+        "stop_reason": "imported", "curve": curve, "preset": preset, "env_id": want["env.env_id"],
+        "policy_type": want["policy.type"], "overrides": {k: str(v) for k, v in overrides.items()},
+        "max_env_step": want["max_env_step"], "max_wall_s": want["max_wall_s"],
+        "final_return": curve[-1][2] if curve else None, "final_env_steps": curve[-1][0] if curve else None,
+        "imported_from": os.path.abspath(run_dir),
+        "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def load_results(output_dir: str) -> list[dict]:
+    """Every stored cell in ``<output_dir>/results``, ordered by preset then seed."""
+    rows = []
+    for path in glob.glob(os.path.join(output_dir, RESULTS_DIR, "*__seed*.json")):
+        with open(path) as f:
+            rows.append(json.load(f))
+    return sorted(rows, key=lambda r: (r["preset"], r["seed"]))
+
+
+# ---------------------------------------------------------------------------------------------- table
+
+
+def within_budget(r: dict) -> bool:
+    """Reached the threshold within the cell's env-step and wall budgets."""
+    if not r["solved"]:
+        return False
+    if r["env_steps_to_target"] > r["max_env_step"]:
+        return False
+    return r.get("max_wall_s") is None or r["wall_s_to_target"] <= r["max_wall_s"]
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """One summary per preset (first-seen order): solved count, median / worst figures over its seeds."""
+    by_preset: dict[str, list[dict]] = {}
+    for r in rows:
+        by_preset.setdefault(r["preset"], []).append(r)
+    out = []
+    for preset, rs in by_preset.items():
+        ok = [r for r in rs if within_budget(r)]
+        steps = [r["env_steps_to_target"] for r in ok]
+        walls = [r["wall_s_to_target"] for r in ok]
+        finals = [r["final_return"] for r in rs if r["final_return"] is not None]
+        all_ok = len(ok) == len(rs)
+        out.append({
+            "preset": preset,
+            "env_id": rs[0]["env_id"],
+            "target": rs[0]["target"],
+            "seeds": [r["seed"] for r in rs],
+            "n_solved": len(ok),
+            "n": len(rs),
+            "median_env_steps": statistics.median(steps) if all_ok else None,
+            "worst_env_steps": max(steps) if all_ok else None,
+            "median_wall_s": statistics.median(walls) if all_ok else None,
+            "worst_wall_s": max(walls) if all_ok else None,
+            # with unsolved seeds the median is taken with them counted as above every solved one
+            "median_env_steps_lower_bound": _median_with_unsolved(steps, len(rs)),
+            "max_env_step": max(r["max_env_step"] for r in rs),
+            "max_wall_s": rs[0].get("max_wall_s"),
+            "median_final_return": statistics.median(finals) if finals else None,
+            "min_final_return": min(finals) if finals else None,
+        })
+    return out
+
+
+def _median_with_unsolved(steps: list[int], n: int) -> float | None:
+    """The median over n seeds when the len(steps) solved ones are the smallest (None if it is unsolved)."""
+    if not n:
+        return None
+    ordered = sorted(steps) + [float("inf")] * (n - len(steps))
+    med = statistics.median(ordered)
+    return None if med == float("inf") else med
+
+
+def _fmt(x, nd: int = 0) -> str:
+    if x is None:
+        return "—"
+    return f"{x:,.{nd}f}"
+
+
+def markdown_table(summaries: list[dict]) -> str:
+    lines = [
+        "| preset | task | target | solved | median env steps | worst env steps | median wall s "
+        "| worst wall s | final return (median / min) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for s in summaries:
+        if s["n_solved"] == s["n"]:
+            med_steps, worst_steps = _fmt(s["median_env_steps"]), _fmt(s["worst_env_steps"])
+            med_wall, worst_wall = _fmt(s["median_wall_s"], 1), _fmt(s["worst_wall_s"], 1)
+        else:
+            lb = s["median_env_steps_lower_bound"]
+            med_steps = _fmt(lb) if lb is not None else f"> {s['max_env_step']:,}"
+            worst_steps = f"> {s['max_env_step']:,}"
+            med_wall, worst_wall = "—", "—"
+        lines.append(
+            f"| {s['preset']} | {s['env_id']} | {s['target']:g} | {s['n_solved']}/{s['n']} | {med_steps} "
+            f"| {worst_steps} | {med_wall} | {worst_wall} | {_fmt(s['median_final_return'], 1)} / "
+            f"{_fmt(s['min_final_return'], 1)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def seed_lines(rows: list[dict]) -> str:
+    """One line per cell: what each seed reached (the table's inputs, for the README and for failures)."""
+    out = []
+    for r in rows:
+        got = (
+            f"{r['env_steps_to_target']:,} env steps / {r['wall_s_to_target']:.1f} s"
+            if r["solved"] else f"not solved (best {_fmt(r['best_reward_mean'], 1)})"
+        )
+        load = r.get("loadavg_1min_before_after")
+        out.append(
+            f"- {r['preset']} seed {r['seed']}: {got}; final return {_fmt(r['final_return'], 1)} at "
+            f"{_fmt(r['final_env_steps'])} env steps"
+            + (f" (load {load[0]} -> {load[1]})" if load else "")
+        )
+    return "\n".join(out) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------- plots
+
+
+def band(curves: list[list[tuple[float, float, float]]]):
+    """(grid [T], median [T], low [T], high [T]) of return over env steps across seeds.
+
+    ``curves``: per seed a list of (env_steps, wall_s, return) evaluations. Each seed is read on the union
+    of all evaluation points as a step function (its latest evaluation so far; before its first one, that
+    first one); a seed that stopped early holds its last return.
+    """
+    import numpy as np
+
+    grid = np.array(sorted({c[0] for curve in curves for c in curve}), dtype=float)
+    cols = []
+    for curve in curves:
+        xs = np.array([c[0] for c in curve], dtype=float)
+        ys = np.array([c[2] for c in curve], dtype=float)
+        idx = np.clip(np.searchsorted(xs, grid, side="right") - 1, 0, len(xs) - 1)
+        cols.append(ys[idx])
+    values = np.stack(cols)  # [seeds, T]
+    return grid, np.median(values, axis=0), values.min(axis=0), values.max(axis=0)
+
+
+def write_plots(rows: list[dict], output_dir: str) -> list[str]:
+    """One PNG per task (env id): per preset its median line and min-max band over seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by_env: dict[str, dict[str, list[dict]]] = {}
+    for r in rows:
+        if r["curve"]:
+            by_env.setdefault(r["env_id"], {}).setdefault(r["preset"], []).append(r)
+    paths = []
+    for env_id, presets in by_env.items():
+        fig, ax = plt.subplots(figsize=(7, 4.2))
+        for preset, rs in presets.items():
+            grid, med, lo, hi = band([r["curve"] for r in rs])
+            (line,) = ax.plot(grid, med, drawstyle="steps-post", label=f"{preset} (median of {len(rs)})")
+            ax.fill_between(grid, lo, hi, step="post", color=line.get_color(), alpha=0.2, linewidth=0)
+        target = next(iter(presets.values()))[0]["target"]
+        ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target:g}")
+        ax.set_xlabel("env steps")
+        ax.set_ylabel("eval return (mean of the evaluation's episodes)")
+        ax.set_title(f"{env_id}: median and min-max over seeds")
+        ax.legend(fontsize=7, loc="best")
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        path = os.path.join(output_dir, env_id.replace("/", "_") + ".png")
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def build_report(output_dir: str) -> tuple[str, list[str]]:
+    """Rebuild ``report.md`` and the PNGs from the stored results; returns (markdown, png paths)."""
+    rows = load_results(output_dir)
+    if not rows:
+        raise SystemExit(f"no stored results in {os.path.join(output_dir, RESULTS_DIR)}")
+    md = (
+        f"# Learning report ({time.strftime('%Y-%m-%d', time.gmtime())})\n\n"
+        + markdown_table(summarize(rows)) + "\n" + seed_lines(rows)
+    )
+    with open(os.path.join(output_dir, "report.md"), "w") as f:
+        f.write(md)
+    return md, write_plots(rows, output_dir)
+
+
+# ---------------------------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--presets", nargs="+", default=["cartpole_muzero"])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE",
+                   help="applied to every cell (stored with it)")
+    p.add_argument("--output-dir", default="runs/learning_report")
+    p.add_argument("--max-env-steps", type=int, default=None,
+                   help="env-step budget per cell (default: each preset's max_env_step)")
+    p.add_argument("--max-wall-s", type=float, default=None, help="wall budget per cell (default: none)")
+    p.add_argument("--table-only", action="store_true", help="only rebuild report.md and the PNGs")
+    p.add_argument("--rerun", action="store_true", help="train cells again even if a result is stored")
+    p.add_argument("--import-run", metavar="RUN_DIR", default=None,
+                   help="store a finished `muzero-tune train` run folder as the cell of --presets (one) and "
+                        "its seed; its config must be the preset's with the --set overrides")
+    args = p.parse_args(argv)
+
+    overrides = parse_set_args(args.overrides)
+    if args.max_env_steps is not None:
+        overrides["max_env_step"] = args.max_env_steps
+    if args.max_wall_s is not None:
+        overrides["max_wall_s"] = args.max_wall_s
+    if args.import_run:
+        if len(args.presets) != 1:
+            raise SystemExit("--import-run needs exactly one --presets name")
+        rec = import_run(args.import_run, args.presets[0], overrides)
+        _write_json_atomic(cell_path(args.output_dir, rec["preset"], rec["seed"]), rec)
+        print(f"[learning_report] imported {args.import_run}: {seed_lines([rec]).strip()}", flush=True)
+    elif not args.table_only:
+        for preset in args.presets:  # every config is checked before the first cell trains
+            make_config(preset, overrides={"seed": args.seeds[0], **overrides})
+        for preset in args.presets:
+            for seed in args.seeds:
+                path = cell_path(args.output_dir, preset, seed)
+                if os.path.exists(path) and not args.rerun:
+                    print(f"[learning_report] {preset} seed {seed}: stored, skipped ({path})", flush=True)
+                    continue
+                print(f"[learning_report] {preset} seed {seed}: training (load {os.getloadavg()[0]:.2f})",
+                      flush=True)
+                rec = run_cell(preset, seed, overrides, args.output_dir)
+                _write_json_atomic(path, rec)
+                print(f"[learning_report] {seed_lines([rec]).strip()}", flush=True)
+    md, pngs = build_report(args.output_dir)
+    print(md)
+    for path in pngs:
+        print("plot:", path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
