@@ -204,6 +204,23 @@ CLI_SMALL = {
 }
 
 
+def fit_one_trial(cfg, storage_path):
+    """Run ``cfg`` as a 1-trial Tune sweep (no MLflow) under ``storage_path``; assert it ended without an
+    error and return its ``ray.tune.Result``."""
+    from ray import tune
+
+    from muzero_tune.tune.trainable import make_trainable
+
+    tuner = tune.Tuner(
+        make_trainable(cfg, sweep_name="t", mlflow_uri=None),
+        param_space={},
+        run_config=tune.RunConfig(storage_path=str(storage_path)),
+    )
+    results = tuner.fit()
+    assert results.num_errors == 0 and len(results) == 1
+    return results[0]
+
+
 def set_args(overrides: dict) -> list[str]:
     """``{"a.b": 3}`` -> ``["--set", "a.b=3"]`` (None as ``none``)."""
     out: list[str] = []

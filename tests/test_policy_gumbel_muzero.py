@@ -11,6 +11,7 @@ import os
 import numpy as np
 import pytest
 import torch
+from conftest import fit_one_trial
 
 from muzero_tune.config import make_config
 from muzero_tune.mcts.gumbel import GumbelMuZeroSearch
@@ -397,19 +398,10 @@ def test_short_async_run(run_async, tmp_path):
 
 
 def test_one_trial_tune_run(ray_cluster, tmp_path):
-    from ray import tune
-
-    from muzero_tune.tune.trainable import CHECKPOINT_FILE, make_trainable
+    from muzero_tune.tune.trainable import CHECKPOINT_FILE
 
     cfg = make_config(PRESET, overrides={**SMALL, "tune.storage_path": str(tmp_path)})
-    tuner = tune.Tuner(
-        make_trainable(cfg, sweep_name="t", mlflow_uri=None),
-        param_space={},
-        run_config=tune.RunConfig(storage_path=str(tmp_path)),
-    )
-    results = tuner.fit()
-    assert results.num_errors == 0 and len(results) == 1
-    result = results[0]
+    result = fit_one_trial(cfg, tmp_path)
     assert result.metrics["train_iter"] > 0
     with result.checkpoint.as_directory() as d:
         cfg2, policy, model, ckpt = load_policy(os.path.join(d, CHECKPOINT_FILE))

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import fit_one_trial
 
 from muzero_tune.config import make_config
 from muzero_tune.models import logits_to_scalar
@@ -310,20 +311,12 @@ def test_short_async_run_on_pendulum(run_async, tmp_path):
 
 
 def test_one_trial_tune_run_on_pendulum(ray_cluster, tmp_path):
-    from ray import tune
-
-    from muzero_tune.tune.trainable import CHECKPOINT_FILE, make_trainable
+    from muzero_tune.tune.trainable import CHECKPOINT_FILE
 
     cfg = make_config(PRESET, overrides={**SMALL, "tune.storage_path": str(tmp_path)})
-    tuner = tune.Tuner(
-        make_trainable(cfg, sweep_name="t", mlflow_uri=None),
-        param_space={},
-        run_config=tune.RunConfig(storage_path=str(tmp_path)),
-    )
-    results = tuner.fit()
-    assert results.num_errors == 0 and len(results) == 1
-    assert results[0].metrics["train_iter"] > 0
-    with results[0].checkpoint.as_directory() as d:
+    result = fit_one_trial(cfg, tmp_path)
+    assert result.metrics["train_iter"] > 0
+    with result.checkpoint.as_directory() as d:
         cfg2, policy, model, ckpt = load_policy(os.path.join(d, CHECKPOINT_FILE))
     assert cfg2.policy.type == "sampled_unizero" and cfg2.env.env_id == "Pendulum-v1"
     evaluator = Evaluator(cfg2, policy, policy.spec, seed=cfg2.seed + EVAL_SEED_OFFSET)
