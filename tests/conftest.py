@@ -221,6 +221,16 @@ def fit_one_trial(cfg, storage_path):
     return results[0]
 
 
+def trial_checkpoint(result) -> dict:
+    """The newest checkpoint of a Tune ``result``: the dict ``torch.load`` reads from the trainable's file."""
+    import torch
+
+    from muzero_tune.tune.trainable import CHECKPOINT_FILE
+
+    with result.checkpoint.as_directory() as d:
+        return torch.load(os.path.join(d, CHECKPOINT_FILE), weights_only=True)
+
+
 def set_args(overrides: dict) -> list[str]:
     """``{"a.b": 3}`` -> ``["--set", "a.b=3"]`` (None as ``none``)."""
     out: list[str] = []

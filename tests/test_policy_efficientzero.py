@@ -9,6 +9,7 @@ import os
 import numpy as np
 import pytest
 import torch
+from conftest import fit_one_trial, trial_checkpoint
 
 from muzero_tune.config import make_config
 from muzero_tune.envs.factory import env_spec
@@ -305,20 +306,9 @@ def test_short_async_run_writes_loadable_snapshot(ray_cluster, tmp_path, async_s
 
 
 def test_one_trial_tune_run(ray_cluster, tmp_path):
-    from ray import tune
-
-    from muzero_tune.tune.trainable import CHECKPOINT_FILE, make_trainable
-
-    cfg = make_config("cartpole_efficientzero", overrides={
-        **SMALL, "tune.storage_path": str(tmp_path), "tune.mlflow": False,
-        "logging.output_dir": str(tmp_path)})
-    tuner = tune.Tuner(make_trainable(cfg, sweep_name="t", mlflow_uri=None), param_space={},
-                       run_config=tune.RunConfig(storage_path=str(tmp_path), name="ez"))
-    results = tuner.fit()
-    assert len(results) == 1 and not results.errors
-    result = results[0]
+    cfg = make_config("cartpole_efficientzero", overrides={**SMALL, "tune.storage_path": str(tmp_path)})
+    result = fit_one_trial(cfg, tmp_path)
     assert result.metrics["envstep"] >= 400 and result.metrics["train_iter"] > 0
-    with result.checkpoint.as_directory() as d:
-        ckpt = torch.load(os.path.join(d, CHECKPOINT_FILE), weights_only=True)
+    ckpt = trial_checkpoint(result)
     assert ckpt["config"]["policy.type"] == "efficientzero"
     assert any(k.startswith("value_prefix_head.") for k in ckpt["evaluated"]["weights"])

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import fit_one_trial, trial_checkpoint
 
 from muzero_tune.config import make_config
 from muzero_tune.mcts.reference import reference_search
@@ -345,16 +346,8 @@ def test_short_async_run_writes_a_loadable_evaluated_snapshot(run_async, tmp_pat
 
 
 def test_one_trial_tune_run(ray_cluster, tmp_path):
-    from ray import tune
-
-    from muzero_tune.tune.trainable import CHECKPOINT_FILE, make_trainable
-
-    cfg = make_config(PRESET, overrides={**SMALL, "tune.storage_path": str(tmp_path), "tune.mlflow": False,
-                                         "logging.output_dir": str(tmp_path)})
-    results = tune.Tuner(make_trainable(cfg, sweep_name="t", mlflow_uri=None), param_space={},
-                         run_config=tune.RunConfig(storage_path=str(tmp_path), name="rnn")).fit()
-    assert len(results) == 1 and not results.errors
-    assert results[0].metrics["envstep"] >= 400 and results[0].metrics["train_iter"] > 0
-    with results[0].checkpoint.as_directory() as d:
-        ckpt = torch.load(os.path.join(d, CHECKPOINT_FILE), weights_only=True)
+    cfg = make_config(PRESET, overrides={**SMALL, "tune.storage_path": str(tmp_path)})
+    result = fit_one_trial(cfg, tmp_path)
+    assert result.metrics["envstep"] >= 400 and result.metrics["train_iter"] > 0
+    ckpt = trial_checkpoint(result)
     assert ckpt["config"]["policy.type"] == "muzero_rnn_full_obs"
