@@ -270,13 +270,16 @@ def _root_only(batch):
     )
 
 
-def test_loss_scales_root_terms_by_one_over_k_like_lightzero(batches):
-    """LightZero's convention: root + K unrolled steps summed, the whole loss x 1/K. So the gradient of the
-    loss of a root-only batch is 1/K of the gradient of the plain (unscaled) root loss."""
+@pytest.mark.parametrize("convention,root_scale", [("whole", 1.0 / K), ("per_step", 1.0)])
+def test_loss_scale_of_the_root_terms(batches, convention, root_scale):
+    """``learn.unroll_loss_scale``: LightZero's ``whole`` (root + K unrolled steps summed, the whole loss
+    x 1/K) makes the gradient of a root-only batch's loss 1/K of the plain (unscaled) root loss's; MuZero's
+    ``per_step`` (root x 1, each unrolled step x 1/K) leaves it equal."""
     from muzero_tune.models import scalar_to_target
     from muzero_tune.policies.muzero import soft_cross_entropy
 
-    cfg = small_cfg(**{"learn.value_loss_weight": 0.25, "learn.policy_loss_weight": 1.0})
+    cfg = small_cfg(**{"learn.value_loss_weight": 0.25, "learn.policy_loss_weight": 1.0,
+                       "learn.unroll_loss_scale": convention})
     policy = MuZeroPolicy(cfg, SPEC)
     torch.manual_seed(0)
     model = policy.build_model()
@@ -301,4 +304,18 @@ def test_loss_scales_root_terms_by_one_over_k_like_lightzero(batches):
     )
     unscaled = grads((torch.as_tensor(w) * plain).mean())
     assert unscaled.norm() > 0
-    torch.testing.assert_close(ours, unscaled / K, rtol=1e-4, atol=1e-7)
+    torch.testing.assert_close(ours, unscaled * root_scale, rtol=1e-4, atol=1e-7)
+
+
+def test_loss_scale_conventions_agree_on_the_unrolled_steps(batches):
+    """With the root's targets masked out, ``per_step`` and ``whole`` are the same loss (both x 1/K)."""
+    vm, pm = batches[2].value_mask.copy(), batches[2].policy_mask.copy()
+    vm[:, 0], pm[:, 0] = 0.0, 0.0
+    batch = dataclasses.replace(batches[2], value_mask=vm, policy_mask=pm)
+    losses = []
+    for convention in ("per_step", "whole"):
+        policy = MuZeroPolicy(small_cfg(**{"learn.unroll_loss_scale": convention}), SPEC)
+        torch.manual_seed(0)
+        losses.append(policy.compute_loss(policy.build_model(), batch, train_iter=0).loss)
+    assert losses[0] > 0
+    torch.testing.assert_close(losses[0], losses[1], rtol=1e-6, atol=0)

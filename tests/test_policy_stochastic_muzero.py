@@ -245,11 +245,11 @@ def _loss_batch(b: int, k_steps: int, rng: np.random.Generator):
         flat_index=np.arange(b), make_time=0)
 
 
-def _only(**weights) -> StochasticMuZeroPolicy:
+def _only(overrides: dict | None = None, **weights) -> StochasticMuZeroPolicy:
     keys = ("policy.afterstate_policy_loss_weight", "policy.afterstate_value_loss_weight",
             "policy.commitment_loss_weight", "learn.policy_loss_weight", "learn.value_loss_weight",
             "learn.reward_loss_weight")
-    return _policy(**{k: weights.get(k.split(".")[1], 0.0) for k in keys})
+    return _policy(**{k: weights.get(k.split(".")[1], 0.0) for k in keys}, **(overrides or {}))
 
 
 def test_loss_chance_codes_commitment_and_stop_gradients():
@@ -294,15 +294,18 @@ def test_loss_chance_codes_commitment_and_stop_gradients():
     assert _grad_norms(model, parts)["enc_"] > 0
 
 
-def test_loss_scales_root_terms_by_one_over_k_like_lightzero():
-    """Sum of root + K unrolled steps, whole loss x 1/K (LightZero): with the unrolled targets masked, the
-    gradient of the loss is 1/K of the gradient of the plain root policy + value loss."""
+@pytest.mark.parametrize("convention", ["whole", "per_step"])
+def test_loss_scale_of_the_root_terms(convention):
+    """``learn.unroll_loss_scale``: with the unrolled targets masked, the gradient of the loss is 1/K
+    (``whole``, LightZero: root + K steps summed, x 1/K) or 1 (``per_step``, MuZero) x the gradient of the
+    plain root policy + value loss."""
     from muzero_tune.policies.muzero import soft_cross_entropy
 
-    policy = _only(policy_loss_weight=1.0, value_loss_weight=0.25)
+    b, k_steps = 6, 4
+    root_scale = 1.0 / k_steps if convention == "whole" else 1.0
+    policy = _only({"learn.unroll_loss_scale": convention}, policy_loss_weight=1.0, value_loss_weight=0.25)
     torch.manual_seed(0)
     model = policy.build_model()
-    b, k_steps = 6, 4
     batch = _loss_batch(b, k_steps, np.random.default_rng(1))
     batch.value_mask[:, 1:] = 0.0
     batch.policy_mask[:, 1:] = 0.0
@@ -321,7 +324,7 @@ def test_loss_scales_root_terms_by_one_over_k_like_lightzero():
              + 0.25 * soft_cross_entropy(root.value_logits, tv0))
     unscaled = grads((torch.as_tensor(batch.weights) * plain).mean())
     assert unscaled.norm() > 0
-    torch.testing.assert_close(ours, unscaled / k_steps, rtol=1e-4, atol=1e-7)
+    torch.testing.assert_close(ours, unscaled * root_scale, rtol=1e-4, atol=1e-7)
 
 
 # ---------------------------------------------------------------------------------------------- env

@@ -19,8 +19,10 @@ Loss of one sample, unrolling s_0 = repr(o_t), and for k = 0..K-1: as_k = phi(s_
 * commitment ||stop_grad(c_k) - softmax(e logits)||^2 x ``policy.commitment_loss_weight``;
   chance terms are masked where o_{t+k+1} is not a real observation.
 
-Scale: MuZero's (LightZero's) convention -- every term is summed over its steps (root included) and the
-whole per-sample loss is multiplied by 1/K, as LightZero's x 1/num_unroll_steps gradient hook does.
+Scale: as :meth:`MuZeroPolicy.compute_loss` -- every term is summed over its steps, the root's value and
+policy terms weighted by :func:`~muzero_tune.policies.muzero.root_loss_weight` (1 under the default
+``learn.unroll_loss_scale=whole``, LightZero's x 1/num_unroll_steps gradient hook; K under ``per_step``), and
+the whole per-sample loss is multiplied by 1/K.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from muzero_tune.mcts.stochastic import StochasticMuZeroSearch
 from muzero_tune.models.stochastic_net import build_stochastic_network
 from muzero_tune.models.support import logits_to_scalar, logits_to_scalar_np, scalar_to_target
 from muzero_tune.policies.base import LossOutput
-from muzero_tune.policies.muzero import MuZeroPolicy, scale_gradient, soft_cross_entropy
+from muzero_tune.policies.muzero import MuZeroPolicy, root_loss_weight, scale_gradient, soft_cross_entropy
 from muzero_tune.replay.targets import TrainBatch, make_batch
 
 
@@ -128,6 +130,9 @@ class StochasticMuZeroPolicy(MuZeroPolicy):
         latent, v_logits, p_logits = root.latent, root.value_logits, root.policy_logits
         value_loss = soft_cross_entropy(v_logits, v_targets[:, 0]) * vmask[:, 0]
         policy_loss = soft_cross_entropy(p_logits, tp[:, 0]) * pmask[:, 0]
+        root_w = root_loss_weight(k_steps, lc.unroll_loss_scale)
+        if root_w != 1.0:
+            value_loss, policy_loss = root_w * value_loss, root_w * policy_loss
         pred_v0 = v_logits
         # chance codes of all K transitions (o_{t+k}, o_{t+k+1}) in one encoder call: [B, K, C]
         bsz, n_codes = obs.shape[0], model.chance_space_size
