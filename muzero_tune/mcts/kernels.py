@@ -8,6 +8,8 @@ What this module owns
       root's counted visit (the initial inference is visit 1 with the network's root value);
     * :func:`expand_and_backup` -- attach the new node (its kind, reward, priors) and back its value up to
       the root: values, visits, min-max, discount, and the chance-edge rule as a flag;
+    * :func:`gather_latents` -- a simulation's parent latents (as bytes) and actions, copied into the blocks
+      the network call reads;
     * :func:`root_statistics` -- root visit counts and root value.
 
     The per-variant selection rules live beside it (:mod:`muzero_tune.mcts.puct` for MuZero's pUCT and
@@ -271,6 +273,22 @@ def end_descent(path_len, sel_parent, sel_action, sel_kind, kind, b, node, depth
     sel_parent[b] = node
     sel_action[b] = edge
     sel_kind[b] = kind[b, node]
+
+
+@numba.njit(cache=True, _nrt=False)
+def gather_latents(store, sel_parent, sel_action, batch_size, out, out_actions, sim):
+    """out[sim, b] = store[sel_parent[b], b] and out_actions[sim, b] = sel_action[b] for b < batch_size: a
+    simulation's parent latents and actions, copied into the run's blocks (the network's inputs).
+
+    store [Nc, Bc, Z] uint8 (the latent store's bytes, Z bytes per latent); out [S, B, Z] uint8;
+    out_actions [S, B] int64. Bytes, so one compiled signature serves every latent dtype and shape.
+    """
+    width = store.shape[2]
+    for b in range(batch_size):
+        p = sel_parent[b]
+        for z in range(width):
+            out[sim, b, z] = store[p, b, z]
+        out_actions[sim, b] = sel_action[b]
 
 
 @numba.njit(cache=True, _nrt=False)

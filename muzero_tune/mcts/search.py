@@ -26,6 +26,9 @@ import torch
 from muzero_tune.mcts import kernels, puct
 from muzero_tune.mcts.tree import TreeArrays
 
+Step = Callable[[int], None]
+"""One phase of a simulation, bound once per run: ``step(sim)`` with ``sim`` the 0-based simulation."""
+
 RecurrentFn = Callable[[torch.Tensor, np.ndarray], tuple[torch.Tensor, np.ndarray, np.ndarray, np.ndarray]]
 """``recurrent_fn(latent [B, *latent_shape], actions [B] int64) ->
 (next_latent [B, *latent_shape], reward [B] float32, value [B] float32, policy_logits [B, A] float32)``.
@@ -143,6 +146,8 @@ class LatentStore:
         self.batch_index: torch.Tensor | None = None  # [Bc] int64 arange on the latent device
         self._np: np.ndarray | None = None  # numpy view of ``buf`` (CPU, numpy dtype) or None
         self._rows: np.ndarray = np.arange(0)  # [B] int64 arange for the numpy path
+        self._bytes: np.ndarray | None = None  # [Nc, Bc, Z] uint8 byte view of ``_np`` (the gather kernel's)
+        self._node_rows: list[np.ndarray] = []  # [Nc] views ``_np[n, :B]`` (the store of node n)
         self._bsz = 0  # B of the current run
         self._full_shape: tuple[int, ...] = ()
 
@@ -166,12 +171,16 @@ class LatentStore:
             )
             self.batch_index = torch.arange(capacity, device=root_latent.device)
             self._np = None
+            self._bytes = None
+            self._bsz = 0  # the node views below belong to the old buffer
             if self.buf.device.type == "cpu" and self.buf.dtype in _NUMPY_DTYPES:
                 self._np = self.buf.numpy()  # shares memory with ``buf``
-        if len(self._rows) != batch_size:
+                self._bytes = self._np.reshape(self._np.shape[0], self._np.shape[1], -1).view(np.uint8)
+        if batch_size != self._bsz:
             self._rows = np.arange(batch_size)
-        self._bsz = batch_size
-        self._full_shape = (batch_size, *self.buf.shape[2:])  # [B, *latent_shape]
+            self._node_rows = [] if self._np is None else [rows[:batch_size] for rows in self._np]
+            self._bsz = batch_size
+            self._full_shape = (batch_size, *self.buf.shape[2:])  # [B, *latent_shape]
         return self.buf, self.batch_index[:batch_size]
 
     @property
@@ -200,6 +209,60 @@ class LatentStore:
         _check_latent(latent, (len(rows), *self.buf.shape[2:]))
         self.buf[node, torch.from_numpy(rows).to(self.buf.device)] = latent.to(self.buf.dtype)
 
+    def run_gather(
+        self, sel_parent: np.ndarray, sel_action: np.ndarray, num_simulations: int
+    ) -> Callable[[int], tuple[torch.Tensor, np.ndarray]]:
+        """``gather(sim) -> (parent_latent [B, *latent_shape], actions [B] int64)`` for one run of all B
+        trees: the latents of nodes ``sel_parent[:B]`` and the edges ``sel_action[:B]`` (the select kernel's
+        output).
+
+        Both are rows of blocks ``[S, B, ...]`` allocated once per run, so the network gets inputs that no
+        later simulation or search overwrites (it may keep them), at one allocation per run instead of two
+        per simulation; on the numpy path one :func:`~muzero_tune.mcts.kernels.gather_latents` call copies
+        both.
+        """
+        bsz = self._bsz
+        actions = np.empty((num_simulations, bsz), dtype=np.int64)  # [S, B]
+        action_rows = list(actions)
+        if self._bytes is None:
+
+            def gather_torch(sim: int) -> tuple[torch.Tensor, np.ndarray]:
+                row = action_rows[sim]
+                row[...] = sel_action[:bsz]
+                return self.gather(sel_parent[:bsz]), row
+
+            return gather_torch
+        block = torch.empty((num_simulations, *self._full_shape), dtype=self.buf.dtype)  # [S, B, *latent]
+        block_bytes = block.numpy().reshape(num_simulations, bsz, -1).view(np.uint8)  # [S, B, Z]
+        latent_rows = block.unbind(0)
+        kernel, store = fast(kernels.gather_latents), self._bytes
+
+        def gather(sim: int) -> tuple[torch.Tensor, np.ndarray]:
+            kernel(store, sel_parent, sel_action, bsz, block_bytes, actions, sim)
+            return latent_rows[sim], action_rows[sim]
+
+        return gather
+
+    def run_put(self) -> Callable[[int, torch.Tensor], None]:
+        """``put(node, latent)`` for all B trees of this run (:meth:`put` with ``rows=None``): on the numpy
+        path a copy into the node's preallocated row view; anything numpy cannot view (CUDA, a tensor needing
+        grad, bfloat16) goes through :meth:`put`."""
+        if self._np is None:
+            return self.put
+        full_shape, node_rows, put = self._full_shape, self._node_rows, self.put
+
+        def put_numpy(node: int, latent: torch.Tensor) -> None:
+            if latent.shape != full_shape:
+                _check_latent(latent, full_shape)
+            try:
+                values = latent.numpy()
+            except (TypeError, RuntimeError):
+                put(node, latent)
+                return
+            node_rows[node][...] = values  # casts like ``copy_`` where the dtypes differ
+
+        return put_numpy
+
 
 _NUMPY_DTYPES = (torch.float32, torch.float64, torch.float16)
 
@@ -208,9 +271,11 @@ class TreeSearch(Search):
     """The batched loop every tree search shares; a variant supplies its selection rule and read-out.
 
     :meth:`run`: stage and check the roots, prepare them (:meth:`_prepare`), then per simulation select one
-    unexpanded edge per tree (:meth:`_select`), expand all of them with one batched network call
-    (:meth:`_expand`) and back the new values up (:meth:`_backup`, the shared core's), and finally read the
-    root out (:meth:`_outputs`). Variants override the hooks, never the loop. ``chance_edges`` (class
+    unexpanded edge per tree (:meth:`_select_step`), expand all of them with one batched network call
+    (:meth:`_expand_step`) and back the new values up (:meth:`_backup_step`, the shared core's), and finally
+    read the root out (:meth:`_outputs`). The three per-simulation hooks return a :data:`Step` bound once per
+    run (entry points and argument tuples resolved), so the loop does no attribute look-ups or allocations.
+    Variants override the hooks, never the loop. ``chance_edges`` (class
     attribute) switches the core's chance-edge rule on for trees with chance nodes.
     """
 
@@ -270,19 +335,23 @@ class TreeSearch(Search):
         **network_fns: Callable,
     ) -> SearchOutput:
         """Search from B roots (arguments: :meth:`Search.run`; ``root_value`` is required here: the root's
-        initial inference is its first visit). ``network_fns``: extra callables a variant's :meth:`_expand`
-        takes (Stochastic MuZero's ``afterstate_fn``)."""
+        initial inference is its first visit). ``network_fns``: extra callables a variant's
+        :meth:`_expand_step` takes (Stochastic MuZero's ``afterstate_fn``)."""
         bsz = self._stage_roots(root_latent, root_policy_logits, legal_mask, root_value)
         deterministic = bool(deterministic)
         self._prepare(bsz, add_noise=bool(add_noise), deterministic=deterministic, rng=rng)
         with torch.no_grad():
             self._store.ensure(root_latent, num_nodes=self._num_simulations + 1, batch_size=bsz)
             self._store.put(0, root_latent)
-            select, expand, backup = self._select, self._expand, self._backup
+            # Each step is built once per run (kernel entry points and argument tuples bound), so a
+            # simulation's Python work is three calls plus the network's.
+            select = self._select_step(bsz, deterministic)
+            expand = self._expand_step(bsz, recurrent_fn, network_fns)
+            backup = self._backup_step(bsz)
             for sim in range(self._num_simulations):
-                select(bsz, sim, deterministic)
-                expand(bsz, sim, recurrent_fn, **network_fns)
-                backup(bsz, sim)
+                select(sim)
+                expand(sim)
+                backup(sim)
         return self._outputs(bsz)
 
     # ------------------------------------------------------------------------------------------- hooks
@@ -322,38 +391,57 @@ class TreeSearch(Search):
         return 0.0
 
     @abc.abstractmethod
-    def _select(self, bsz: int, sim: int, deterministic: bool) -> None:
-        """Write the path and ``sel_parent``/``sel_action``/``sel_kind`` of every tree (a select kernel)."""
+    def _select_step(self, bsz: int, deterministic: bool) -> Step:
+        """``select(sim)``: write the path and ``sel_parent``/``sel_action``/``sel_kind`` of every tree (a
+        select kernel call)."""
 
-    def _expand(self, bsz, sim, recurrent_fn, **network_fns) -> None:
-        """One batched ``recurrent_fn`` call on every tree's selected edge; stores the new latents (node
-        ``sim + 1``) and stages the decoded outputs for the backup."""
+    def _expand_step(self, bsz: int, recurrent_fn: RecurrentFn, network_fns: Mapping[str, Callable]) -> Step:
+        """``expand(sim)``: one batched ``recurrent_fn`` call on every tree's selected edge; stores the new
+        latents (node ``sim + 1``) and stages the decoded outputs for the backup. The network gets fresh
+        inputs (rows of per-run blocks, :meth:`LatentStore.run_gather`): it may keep them."""
         t = self._tree
-        parent_latent = self._store.gather(t.sel_parent[:bsz])  # [B, *latent_shape], a fresh tensor
-        # A fresh int64 array: recurrent_fn may keep it (e.g. to log actions).
-        actions = t.sel_action[:bsz].astype(np.int64)  # [B]
-        next_latent, reward, value, logits = call_recurrent(recurrent_fn, parent_latent, actions, t, bsz, sim)
-        self._store.put(sim + 1, next_latent)
-        shapes = tuple(getattr(x, "shape", None) for x in (reward, value, logits))
-        if shapes == ((bsz,), (bsz,), (bsz, self._num_actions)):
-            t.leaf_reward[:bsz] = reward
-            t.leaf_value[:bsz] = value
-            t.leaf_logits[:bsz, : self._num_actions] = logits
-        else:  # names the output whose shape is wrong
-            _stage("reward", t.leaf_reward[:bsz], reward)
-            _stage("value", t.leaf_value[:bsz], value)
-            _stage("policy_logits", t.leaf_logits[:bsz, : self._num_actions], logits)
+        gather = self._store.run_gather(t.sel_parent, t.sel_action, self._num_simulations)
+        put = self._store.run_put()
+        leaf_reward, leaf_value = t.leaf_reward[:bsz], t.leaf_value[:bsz]  # [B] float64 staging views
+        leaf_logits = t.leaf_logits[:bsz, : self._num_actions]  # [B, A]
+        shapes = ((bsz,), (bsz,), (bsz, self._num_actions))
+        plain_call = not getattr(recurrent_fn, "wants_node_ids", False)
 
-    def _backup(self, bsz: int, sim: int) -> None:
-        """Attach node ``sim + 1`` in every tree and back its value up (the shared core)."""
+        def expand(sim: int) -> None:
+            parent_latent, actions = gather(sim)  # [B, *latent_shape], [B] int64
+            if plain_call:
+                next_latent, reward, value, logits = recurrent_fn(parent_latent, actions)
+            else:
+                next_latent, reward, value, logits = call_recurrent(
+                    recurrent_fn, parent_latent, actions, t, bsz, sim
+                )
+            put(sim + 1, next_latent)
+            try:
+                ok = (reward.shape, value.shape, logits.shape) == shapes
+            except AttributeError:
+                ok = False
+            if ok:
+                leaf_reward[...] = reward
+                leaf_value[...] = value
+                leaf_logits[...] = logits
+            else:  # names the output whose shape is wrong
+                _stage("reward", leaf_reward, reward)
+                _stage("value", leaf_value, value)
+                _stage("policy_logits", leaf_logits, logits)
+
+        return expand
+
+    def _backup_step(self, bsz: int) -> Step:
+        """``backup(sim)``: attach node ``sim + 1`` in every tree and back its value up (the shared core)."""
         t = self._tree
-        kernel = kernels.expand_and_backup_chance if self.chance_edges else kernels.expand_and_backup
-        fast(kernel)(
+        kernel = fast(kernels.expand_and_backup_chance if self.chance_edges else kernels.expand_and_backup)
+        head = (
             t.children, t.prior, t.logits, t.kind, t.visit_count, t.value_sum, t.reward, t.raw_value,
             t.min_value, t.max_value, t.path, t.path_len, t.sel_parent, t.sel_action, t.sel_kind,
-            t.leaf_reward, t.leaf_value, t.leaf_logits, sim + 1, bsz, self._num_actions, self.num_chances,
-            self.discount,
+            t.leaf_reward, t.leaf_value, t.leaf_logits,
         )  # fmt: skip
+        tail = (bsz, self._num_actions, self.num_chances, self.discount)
+        return lambda sim: kernel(*head, sim + 1, *tail)
 
     def _outputs(self, bsz: int) -> SearchOutput:
         """Root visit counts, value and priors, plus the variant's :meth:`_extras`."""
@@ -443,15 +531,16 @@ class MuZeroSearch(TreeSearch):
         self._seed_numba(deterministic, rng)
         super()._prepare(bsz, add_noise=add_noise, deterministic=deterministic, rng=rng)
 
-    def _select(self, bsz: int, sim: int, deterministic: bool) -> None:
+    def _select_step(self, bsz: int, deterministic: bool) -> Step:
         t = self._tree
-        kernel = puct.select_leaves_chance if self.chance_edges else puct.select_leaves
-        fast(kernel)(
+        kernel = fast(puct.select_leaves_chance if self.chance_edges else puct.select_leaves)
+        args = (
             t.children, t.prior, t.kind, t.visit_count, t.value_sum, t.reward, t.min_value, t.max_value,
             t.root_legal, t.scores, t.path, t.path_len, t.sel_parent, t.sel_action, t.sel_kind, bsz,
             self._num_actions, self.num_chances, self.pb_c_base, self.pb_c_init, self.discount,
             self.value_delta_max, deterministic, self._chance_mode,
         )  # fmt: skip
+        return lambda sim: kernel(*args)
 
 
 _FAST: dict = {}
