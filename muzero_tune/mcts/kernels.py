@@ -8,6 +8,8 @@ What this module owns
       root's counted visit (the initial inference is visit 1 with the network's root value);
     * :func:`expand_and_backup` -- attach the new node (its kind, reward, priors) and back its value up to
       the root: values, visits, min-max, discount, and the chance-edge rule as a flag;
+    * :func:`store_expand_and_backup` -- the same after storing the new nodes' latents (bytes copied from
+      the network output's address), so the whole expansion after the network call is one call;
     * :func:`gather_latents` -- a simulation's parent latents (as bytes) and actions, copied into the blocks
       the network call reads;
     * :func:`root_statistics` -- root visit counts and root value.
@@ -59,6 +61,8 @@ import math
 
 import numba
 import numpy as np
+from numba import types
+from numba.extending import intrinsic
 
 # fmt: off
 # The kernels take every tree array explicitly (numba compiles one signature per kernel); one argument per
@@ -231,20 +235,41 @@ def backup_path(kind, visit_count, value_sum, reward, min_value, max_value, path
     max_value[b] = hi
 
 
+@intrinsic
+def _byte_at(typingctx, address, offset):
+    """The byte at integer ``address + offset`` (a ``uint8`` load; :func:`numba.carray` would build an array,
+    which kernels without numba's runtime may not)."""
+    if not (isinstance(address, types.Integer) and isinstance(offset, types.Integer)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        ptr = builder.inttoptr(args[0], context.get_value_type(types.CPointer(types.uint8)))
+        return builder.load(builder.gep(ptr, [args[1]]))
+
+    return types.uint8(address, offset), codegen
+
+
+@numba.njit(cache=True, _nrt=False, inline="always")
+def store_latents(store, node, address, batch_size):
+    """store[node, b] = row b of the C-contiguous [B, Z]-byte latent at ``address``, for b < batch_size
+    (store [Nc, Bc, Z] uint8); ``address`` 0 stores nothing (the caller stored the latent itself)."""
+    if address != 0:
+        width = store.shape[2]
+        for b in range(batch_size):
+            row = b * width
+            for z in range(width):
+                store[node, b, z] = _byte_at(address, row + z)
+
+
 def _make_expand_and_backup(chance_edges):
-    """The expansion + backup kernel with the chance-edge rule compiled in (a compile-time constant, so the
+    """The expansion + backup kernels with the chance-edge rule compiled in (a compile-time constant, so the
     kernel without chance nodes carries no kind checks); each variant is cached on its own."""
 
-    @numba.njit(cache=True, _nrt=False)
-    def expand_and_backup(children, prior, logits, kind, visit_count, value_sum, reward, raw_value,
-                          min_value, max_value, path, path_len, sel_parent, sel_action, sel_kind, leaf_reward,
-                          leaf_value, leaf_logits, new_node, batch_size, num_actions, num_chances, discount):
-        """Attach node ``new_node`` at (sel_parent, sel_action) in every tree and back its value up.
-
-        leaf_reward [Bc], leaf_value [Bc], leaf_logits [Bc, W] float64: the network outputs for the new nodes
-        (policy logits over A for a decision node, chance logits over C for a chance node). With chance
-        edges the new node's kind alternates with its parent's and chance nodes do not discount.
-        """
+    @numba.njit(cache=True, _nrt=False, inline="always")
+    def expand_and_backup_trees(children, prior, logits, kind, visit_count, value_sum, reward, raw_value,
+                                min_value, max_value, path, path_len, sel_parent, sel_action, sel_kind,
+                                leaf_reward, leaf_value, leaf_logits, new_node, batch_size, num_actions,
+                                num_chances, discount):
         for b in range(batch_size):
             width = num_actions
             new_kind = DECISION
@@ -259,11 +284,41 @@ def _make_expand_and_backup(chance_edges):
             backup_path(kind, visit_count, value_sum, reward, min_value, max_value, path, path_len, b,
                         leaf_value[b], discount, chance_edges)
 
-    return expand_and_backup
+    @numba.njit(cache=True, _nrt=False)
+    def expand_and_backup(children, prior, logits, kind, visit_count, value_sum, reward, raw_value,
+                          min_value, max_value, path, path_len, sel_parent, sel_action, sel_kind, leaf_reward,
+                          leaf_value, leaf_logits, new_node, batch_size, num_actions, num_chances, discount):
+        """Attach node ``new_node`` at (sel_parent, sel_action) in every tree and back its value up.
+
+        leaf_reward [Bc], leaf_value [Bc], leaf_logits [Bc, W] float64: the network outputs for the new nodes
+        (policy logits over A for a decision node, chance logits over C for a chance node). With chance
+        edges the new node's kind alternates with its parent's and chance nodes do not discount.
+        """
+        expand_and_backup_trees(children, prior, logits, kind, visit_count, value_sum, reward, raw_value,
+                                min_value, max_value, path, path_len, sel_parent, sel_action, sel_kind,
+                                leaf_reward, leaf_value, leaf_logits, new_node, batch_size, num_actions,
+                                num_chances, discount)
+
+    @numba.njit(cache=True, _nrt=False)
+    def store_expand_and_backup(children, prior, logits, kind, visit_count, value_sum, reward, raw_value,
+                                min_value, max_value, path, path_len, sel_parent, sel_action, sel_kind,
+                                leaf_reward, leaf_value, leaf_logits, store, latent_address, new_node,
+                                batch_size, num_actions, num_chances, discount):
+        """:func:`store_latents` of the new nodes' latents (``store`` [Nc, Bc, Z] uint8, ``latent_address``
+        of the network's C-contiguous [B, *latent_shape] output, or 0), then :func:`expand_and_backup`: the
+        whole expansion after the network call in one call."""
+        store_latents(store, new_node, latent_address, batch_size)
+        expand_and_backup_trees(children, prior, logits, kind, visit_count, value_sum, reward, raw_value,
+                                min_value, max_value, path, path_len, sel_parent, sel_action, sel_kind,
+                                leaf_reward, leaf_value, leaf_logits, new_node, batch_size, num_actions,
+                                num_chances, discount)
+
+    return expand_and_backup, store_expand_and_backup
 
 
-expand_and_backup = _make_expand_and_backup(False)  # trees of decision nodes only
-expand_and_backup_chance = _make_expand_and_backup(True)  # decision and chance nodes (Stochastic MuZero)
+# trees of decision nodes only; decision and chance nodes (Stochastic MuZero)
+expand_and_backup, store_expand_and_backup = _make_expand_and_backup(False)
+expand_and_backup_chance, store_expand_and_backup_chance = _make_expand_and_backup(True)
 
 
 @numba.njit(cache=True, _nrt=False, inline="always")

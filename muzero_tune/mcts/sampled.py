@@ -177,7 +177,7 @@ class SampledSearch(MuZeroSearch):
         self._draw_sampling_noise(bsz, self._rng)
 
     def _expand_step(self, bsz, recurrent_fn, network_fns) -> Step:
-        return lambda sim: self._expand(bsz, sim, recurrent_fn, **network_fns)
+        return self._expand_then_backup(bsz, recurrent_fn, network_fns)
 
     def _backup_step(self, bsz: int) -> Step:
         t = self._tree

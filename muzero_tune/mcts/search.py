@@ -147,9 +147,10 @@ class LatentStore:
         self._np: np.ndarray | None = None  # numpy view of ``buf`` (CPU, numpy dtype) or None
         self._rows: np.ndarray = np.arange(0)  # [B] int64 arange for the numpy path
         self._bytes: np.ndarray | None = None  # [Nc, Bc, Z] uint8 byte view of ``_np`` (the gather kernel's)
-        self._node_rows: list[np.ndarray] = []  # [Nc] views ``_np[n, :B]`` (the store of node n)
         self._bsz = 0  # B of the current run
         self._full_shape: tuple[int, ...] = ()
+        self._block_key: tuple | None = None  # (S, [B, *latent_shape], dtype) of ``_block``
+        self._block: tuple[tuple[torch.Tensor, ...], np.ndarray] = ((), np.empty((0, 0, 0), np.uint8))
 
     def ensure(
         self, root_latent: torch.Tensor, *, num_nodes: int, batch_size: int
@@ -178,7 +179,6 @@ class LatentStore:
                 self._bytes = self._np.reshape(self._np.shape[0], self._np.shape[1], -1).view(np.uint8)
         if batch_size != self._bsz:
             self._rows = np.arange(batch_size)
-            self._node_rows = [] if self._np is None else [rows[:batch_size] for rows in self._np]
             self._bsz = batch_size
             self._full_shape = (batch_size, *self.buf.shape[2:])  # [B, *latent_shape]
         return self.buf, self.batch_index[:batch_size]
@@ -216,52 +216,74 @@ class LatentStore:
         trees: the latents of nodes ``sel_parent[:B]`` and the edges ``sel_action[:B]`` (the select kernel's
         output).
 
-        Both are rows of blocks ``[S, B, ...]`` allocated once per run, so the network gets inputs that no
-        later simulation or search overwrites (it may keep them), at one allocation per run instead of two
-        per simulation; on the numpy path one :func:`~muzero_tune.mcts.kernels.gather_latents` call copies
-        both.
+        The actions are rows of a block ``[S, B]`` allocated per run: the network may keep them. On the numpy
+        path the latents are rows of a block ``[S, B, *latent_shape]`` kept across runs (its row views cost
+        more to make than a whole search's gathers): valid during the call and until the same simulation of
+        the next run -- a network that keeps its input latent past the search must copy it. One
+        :func:`~muzero_tune.mcts.kernels.gather_latents` call copies both. Elsewhere (CUDA, bfloat16) the
+        latents are fresh tensors from :meth:`gather`.
         """
         bsz = self._bsz
         actions = np.empty((num_simulations, bsz), dtype=np.int64)  # [S, B]
-        action_rows = list(actions)
         if self._bytes is None:
 
             def gather_torch(sim: int) -> tuple[torch.Tensor, np.ndarray]:
-                row = action_rows[sim]
+                row = actions[sim]
                 row[...] = sel_action[:bsz]
                 return self.gather(sel_parent[:bsz]), row
 
             return gather_torch
-        block = torch.empty((num_simulations, *self._full_shape), dtype=self.buf.dtype)  # [S, B, *latent]
-        block_bytes = block.numpy().reshape(num_simulations, bsz, -1).view(np.uint8)  # [S, B, Z]
-        latent_rows = block.unbind(0)
+        latent_rows, block_bytes = self._input_block(num_simulations)
         kernel, store = fast(kernels.gather_latents), self._bytes
 
         def gather(sim: int) -> tuple[torch.Tensor, np.ndarray]:
             kernel(store, sel_parent, sel_action, bsz, block_bytes, actions, sim)
-            return latent_rows[sim], action_rows[sim]
+            return latent_rows[sim], actions[sim]
 
         return gather
 
-    def run_put(self) -> Callable[[int, torch.Tensor], None]:
-        """``put(node, latent)`` for all B trees of this run (:meth:`put` with ``rows=None``): on the numpy
-        path a copy into the node's preallocated row view; anything numpy cannot view (CUDA, a tensor needing
-        grad, bfloat16) goes through :meth:`put`."""
-        if self._np is None:
-            return self.put
-        full_shape, node_rows, put = self._full_shape, self._node_rows, self.put
+    def _input_block(self, num_simulations: int) -> tuple[tuple[torch.Tensor, ...], np.ndarray]:
+        """The network-input block of the numpy path: its S row tensors [B, *latent_shape] and its bytes
+        [S, B, Z] uint8; made again only when S, B, or the latent's shape or dtype change."""
+        key = (num_simulations, self._full_shape, self.buf.dtype)
+        if self._block_key != key:
+            block = torch.empty((num_simulations, *self._full_shape), dtype=self.buf.dtype)  # [S, B, *latent]
+            self._block = (
+                block.unbind(0),
+                block.numpy().reshape(num_simulations, self._bsz, -1).view(np.uint8),
+            )
+            self._block_key = key
+        return self._block
 
-        def put_numpy(node: int, latent: torch.Tensor) -> None:
+    def run_store(self) -> tuple[np.ndarray, Callable[[int, torch.Tensor], int]]:
+        """``(store_bytes, stage)`` for all B trees of this run. ``stage(node, latent) -> address`` checks the
+        network's new latents [B, *latent_shape]: a C-contiguous CPU tensor of the store's dtype on the numpy
+        path is left where it is and its address returned, for the expansion kernel to copy into
+        ``store_bytes`` [Nc, Bc, Z] uint8 (:func:`~muzero_tune.mcts.kernels.store_latents`; a numpy view of
+        the tensor costs more than the whole copy); anything else is stored now by :meth:`put` and 0
+        returned."""
+        put = self.put
+        if self._bytes is None:
+
+            def stage_torch(node: int, latent: torch.Tensor) -> int:
+                put(node, latent)
+                return 0
+
+            return _NO_BYTES, stage_torch
+        full_shape, dtype = torch.Size(self._full_shape), self.buf.dtype
+
+        def stage(node: int, latent: torch.Tensor) -> int:
             if latent.shape != full_shape:
                 _check_latent(latent, full_shape)
-            try:
-                values = latent.numpy()
-            except (TypeError, RuntimeError):
-                put(node, latent)
-                return
-            node_rows[node][...] = values  # casts like ``copy_`` where the dtypes differ
+            if latent.dtype is dtype and latent.is_cpu and latent.is_contiguous():
+                return latent.data_ptr()
+            put(node, latent)  # casts, copies strided or grad-carrying tensors
+            return 0
 
-        return put_numpy
+        return self._bytes, stage
+
+
+_NO_BYTES = np.zeros((1, 1, 1), dtype=np.uint8)  # store_bytes where the latents are not numpy-viewable
 
 
 _NUMPY_DTYPES = (torch.float32, torch.float64, torch.float16)
@@ -271,10 +293,11 @@ class TreeSearch(Search):
     """The batched loop every tree search shares; a variant supplies its selection rule and read-out.
 
     :meth:`run`: stage and check the roots, prepare them (:meth:`_prepare`), then per simulation select one
-    unexpanded edge per tree (:meth:`_select_step`), expand all of them with one batched network call
-    (:meth:`_expand_step`) and back the new values up (:meth:`_backup_step`, the shared core's), and finally
-    read the root out (:meth:`_outputs`). The three per-simulation hooks return a :data:`Step` bound once per
-    run (entry points and argument tuples resolved), so the loop does no attribute look-ups or allocations.
+    unexpanded edge per tree (:meth:`_select_step`), expand all of them with one batched network call and
+    back the new values up (:meth:`_expand_step`, the shared core's), and finally read the root out
+    (:meth:`_outputs`). The per-simulation hooks return a :data:`Step` bound once per run (entry points and
+    argument tuples resolved), so a simulation is two Python calls besides the network's, with no attribute
+    look-ups or allocations.
     Variants override the hooks, never the loop. ``chance_edges`` (class
     attribute) switches the core's chance-edge rule on for trees with chance nodes.
     """
@@ -346,12 +369,10 @@ class TreeSearch(Search):
             # Each step is built once per run (kernel entry points and argument tuples bound), so a
             # simulation's Python work is three calls plus the network's.
             select = self._select_step(bsz, deterministic)
-            expand = self._expand_step(bsz, recurrent_fn, network_fns)
-            backup = self._backup_step(bsz)
+            expand = self._expand_step(bsz, recurrent_fn, network_fns)  # network call, expansion and backup
             for sim in range(self._num_simulations):
                 select(sim)
                 expand(sim)
-                backup(sim)
         return self._outputs(bsz)
 
     # ------------------------------------------------------------------------------------------- hooks
@@ -396,16 +417,27 @@ class TreeSearch(Search):
         select kernel call)."""
 
     def _expand_step(self, bsz: int, recurrent_fn: RecurrentFn, network_fns: Mapping[str, Callable]) -> Step:
-        """``expand(sim)``: one batched ``recurrent_fn`` call on every tree's selected edge; stores the new
-        latents (node ``sim + 1``) and stages the decoded outputs for the backup. The network gets fresh
-        inputs (rows of per-run blocks, :meth:`LatentStore.run_gather`): it may keep them."""
+        """``expand(sim)``: one batched ``recurrent_fn`` call on every tree's selected edge, then one kernel
+        call that stores the new latents (node ``sim + 1``), attaches the new nodes and backs their values up
+        (:func:`~muzero_tune.mcts.kernels.store_expand_and_backup`). The network's inputs are rows of
+        blocks (:meth:`LatentStore.run_gather`). A variant with its own expansion composes it with
+        :meth:`_backup_step` (:meth:`_expand_then_backup`)."""
         t = self._tree
         gather = self._store.run_gather(t.sel_parent, t.sel_action, self._num_simulations)
-        put = self._store.run_put()
+        store_bytes, stage_latent = self._store.run_store()
         leaf_reward, leaf_value = t.leaf_reward[:bsz], t.leaf_value[:bsz]  # [B] float64 staging views
         leaf_logits = t.leaf_logits[:bsz, : self._num_actions]  # [B, A]
         shapes = ((bsz,), (bsz,), (bsz, self._num_actions))
         plain_call = not getattr(recurrent_fn, "wants_node_ids", False)
+        kernel = fast(
+            kernels.store_expand_and_backup_chance if self.chance_edges else kernels.store_expand_and_backup
+        )
+        head = (
+            t.children, t.prior, t.logits, t.kind, t.visit_count, t.value_sum, t.reward, t.raw_value,
+            t.min_value, t.max_value, t.path, t.path_len, t.sel_parent, t.sel_action, t.sel_kind,
+            t.leaf_reward, t.leaf_value, t.leaf_logits, store_bytes,
+        )  # fmt: skip
+        tail = (bsz, self._num_actions, self.num_chances, self.discount)
 
         def expand(sim: int) -> None:
             parent_latent, actions = gather(sim)  # [B, *latent_shape], [B] int64
@@ -415,7 +447,7 @@ class TreeSearch(Search):
                 next_latent, reward, value, logits = call_recurrent(
                     recurrent_fn, parent_latent, actions, t, bsz, sim
                 )
-            put(sim + 1, next_latent)
+            address = stage_latent(sim + 1, next_latent)  # next_latent stays referenced until the kernel ran
             try:
                 ok = (reward.shape, value.shape, logits.shape) == shapes
             except AttributeError:
@@ -428,11 +460,27 @@ class TreeSearch(Search):
                 _stage("reward", leaf_reward, reward)
                 _stage("value", leaf_value, value)
                 _stage("policy_logits", leaf_logits, logits)
+            kernel(*head, address, sim + 1, *tail)
 
         return expand
 
+    def _expand_then_backup(
+        self, bsz: int, recurrent_fn: RecurrentFn, network_fns: Mapping[str, Callable]
+    ) -> Step:
+        """An :meth:`_expand_step` for variants that expand in their own per-simulation method
+        ``_expand(bsz, sim, recurrent_fn, **network_fns)`` (storing latents and staging the outputs), followed
+        by :meth:`_backup_step`."""
+        expand_sim, backup = self._expand, self._backup_step(bsz)
+
+        def step(sim: int) -> None:
+            expand_sim(bsz, sim, recurrent_fn, **network_fns)
+            backup(sim)
+
+        return step
+
     def _backup_step(self, bsz: int) -> Step:
-        """``backup(sim)``: attach node ``sim + 1`` in every tree and back its value up (the shared core)."""
+        """``backup(sim)``: attach node ``sim + 1`` in every tree and back its value up (the shared core), its
+        latent stored and its outputs staged by the variant's own ``_expand``."""
         t = self._tree
         kernel = fast(kernels.expand_and_backup_chance if self.chance_edges else kernels.expand_and_backup)
         head = (

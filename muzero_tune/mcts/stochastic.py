@@ -85,7 +85,7 @@ class StochasticMuZeroSearch(MuZeroSearch):
         kernels.seed_rng(int(rng.integers(0, 2**31 - 1)))
 
     def _expand_step(self, bsz, recurrent_fn, network_fns) -> Step:
-        return lambda sim: self._expand(bsz, sim, recurrent_fn, **network_fns)
+        return self._expand_then_backup(bsz, recurrent_fn, network_fns)
 
     def _expand(self, bsz, sim, recurrent_fn, *, afterstate_fn: AfterstateFn) -> None:
         """Expand every tree's selected edge, with one batched call per edge kind present in the batch."""
