@@ -62,6 +62,7 @@ import math
 import numba
 import numpy as np
 from numba import types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 # fmt: off
@@ -236,29 +237,42 @@ def backup_path(kind, visit_count, value_sum, reward, min_value, max_value, path
 
 
 @intrinsic
-def _byte_at(typingctx, address, offset):
-    """The byte at integer ``address + offset`` (a ``uint8`` load; :func:`numba.carray` would build an array,
-    which kernels without numba's runtime may not)."""
-    if not (isinstance(address, types.Integer) and isinstance(offset, types.Integer)):
+def _address(typingctx, array):
+    """The integer address of ``array``'s first element."""
+    if not isinstance(array, types.Array):
         return None
 
     def codegen(context, builder, signature, args):
-        ptr = builder.inttoptr(args[0], context.get_value_type(types.CPointer(types.uint8)))
-        return builder.load(builder.gep(ptr, [args[1]]))
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        return builder.ptrtoint(data, context.get_value_type(types.intp))
 
-    return types.uint8(address, offset), codegen
+    return types.intp(array), codegen
+
+
+@intrinsic
+def _copy_bytes(typingctx, dst_address, src_address, num_bytes):
+    """memcpy of ``num_bytes`` from ``src_address`` to ``dst_address`` (non-overlapping). Kernels without
+    numba's runtime cannot build the array views a slice copy needs; this is one LLVM memcpy."""
+    if not all(isinstance(x, types.Integer) for x in (dst_address, src_address, num_bytes)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        byte_ptr = context.get_value_type(types.CPointer(types.uint8))
+        dst = builder.inttoptr(args[0], byte_ptr)
+        src = builder.inttoptr(args[1], byte_ptr)
+        cgutils.raw_memcpy(builder, dst, src, args[2], 1)
+        return context.get_dummy_value()
+
+    return types.void(dst_address, src_address, num_bytes), codegen
 
 
 @numba.njit(cache=True, _nrt=False, inline="always")
 def store_latents(store, node, address, batch_size):
-    """store[node, b] = row b of the C-contiguous [B, Z]-byte latent at ``address``, for b < batch_size
-    (store [Nc, Bc, Z] uint8); ``address`` 0 stores nothing (the caller stored the latent itself)."""
+    """store[node, :batch_size] = the C-contiguous [B, Z]-byte latent at ``address`` (store [Nc, Bc, Z] uint8,
+    C-contiguous, so those B rows are one block); ``address`` 0 stores nothing (the caller stored it)."""
     if address != 0:
         width = store.shape[2]
-        for b in range(batch_size):
-            row = b * width
-            for z in range(width):
-                store[node, b, z] = _byte_at(address, row + z)
+        _copy_bytes(_address(store) + node * store.shape[1] * width, address, batch_size * width)
 
 
 def _make_expand_and_backup(chance_edges):
@@ -335,14 +349,15 @@ def gather_latents(store, sel_parent, sel_action, batch_size, out, out_actions, 
     """out[sim, b] = store[sel_parent[b], b] and out_actions[sim, b] = sel_action[b] for b < batch_size: a
     simulation's parent latents and actions, copied into the run's blocks (the network's inputs).
 
-    store [Nc, Bc, Z] uint8 (the latent store's bytes, Z bytes per latent); out [S, B, Z] uint8;
-    out_actions [S, B] int64. Bytes, so one compiled signature serves every latent dtype and shape.
+    store [Nc, Bc, Z] uint8 (the latent store's bytes, Z bytes per latent); out [S, B, Z] uint8; both
+    C-contiguous; out_actions [S, B] int64. Bytes, so one compiled signature serves every latent dtype and
+    shape.
     """
     width = store.shape[2]
+    store_at = _address(store)
+    out_at = _address(out) + sim * out.shape[1] * width
     for b in range(batch_size):
-        p = sel_parent[b]
-        for z in range(width):
-            out[sim, b, z] = store[p, b, z]
+        _copy_bytes(out_at + b * width, store_at + (sel_parent[b] * store.shape[1] + b) * width, width)
         out_actions[sim, b] = sel_action[b]
 
 

@@ -402,7 +402,7 @@ class TreeSearch(Search):
         """Reset the trees, set the root priors (noise staged in ``root_noise`` when ``add_noise``) and
         count the roots' first visits."""
         t = self._tree
-        kernels.prepare_roots(
+        fast(kernels.prepare_roots)(
             t.children, t.prior, t.logits, t.kind, t.visit_count, t.value_sum, t.reward, t.raw_value,
             t.min_value, t.max_value, t.root_legal, t.root_logits, t.root_noise, t.root_value, bsz,
             self._num_simulations + 1, self._num_actions, add_noise, self._noise_weight(), self.discount,
@@ -496,7 +496,7 @@ class TreeSearch(Search):
         t = self._tree
         visit_counts = np.empty((bsz, self._num_actions), dtype=np.int32)  # [B, A]
         root_value = np.empty(bsz, dtype=np.float64)  # [B]
-        kernels.root_statistics(
+        fast(kernels.root_statistics)(
             t.children, t.visit_count, t.value_sum, bsz, self._num_actions, visit_counts, root_value
         )
         totals = visit_counts.sum(axis=1, keepdims=True)  # [B, 1], == num_simulations
@@ -569,7 +569,7 @@ class MuZeroSearch(TreeSearch):
     def _seed_numba(self, deterministic: bool, rng: np.random.Generator) -> None:
         """numba's RNG serves only random tie-breaks here."""
         if not deterministic:
-            kernels.seed_rng(int(rng.integers(0, 2**31 - 1)))
+            fast(kernels.seed_rng)(int(rng.integers(0, 2**31 - 1)))
 
     def _prepare(self, bsz: int, *, add_noise: bool, deterministic: bool, rng: np.random.Generator) -> None:
         if add_noise:
