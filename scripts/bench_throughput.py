@@ -19,10 +19,36 @@ import sys
 import numpy as np
 
 from muzero_tune.config import make_config, parse_set_args
+from muzero_tune.pipeline import proc_cpu
 from muzero_tune.pipeline.reporter import MemoryReporter
 
 
-def run(preset: str, overrides: dict, *, async_collectors: int | None, wall_s: float, out_dir: str) -> dict:
+class MarkingReporter(MemoryReporter):
+    """A :class:`MemoryReporter` that starts the CPU sampler's steady-state window at the first progress row
+    with training under way (actor start-up, imports and the first collect left out) and keeps the env
+    steps and train steps at that point."""
+
+    def __init__(self, sampler: proc_cpu.CpuSampler | None):
+        super().__init__()
+        self.sampler = sampler
+        self.at_mark: tuple[int, int] | None = None  # (env steps, train_iter) when the window started
+
+    def on_progress(self, metrics: dict) -> None:
+        super().on_progress(metrics)
+        if self.sampler is not None and self.at_mark is None and metrics.get("train_iter", 0) > 0:
+            self.sampler.mark()
+            self.at_mark = (int(metrics["envstep"]), int(metrics["train_iter"]))
+
+
+def run(
+    preset: str,
+    overrides: dict,
+    *,
+    async_collectors: int | None,
+    wall_s: float,
+    out_dir: str,
+    cpu_interval_s: float = 0.0,
+) -> dict:
     from muzero_tune.pipeline.async_driver import train_muzero_segment_async
     from muzero_tune.pipeline.sync_driver import train_muzero_segment
 
@@ -44,10 +70,15 @@ def run(preset: str, overrides: dict, *, async_collectors: int | None, wall_s: f
         )
     cfg = make_config(preset, overrides={**overrides, **common})
     out: list = []
-    if async_collectors is None:
-        s = train_muzero_segment(cfg, reporter=MemoryReporter())
-    else:
-        s = train_muzero_segment_async(cfg, reporter=MemoryReporter(), driver_out=out)
+    sampler = proc_cpu.CpuSampler(interval_s=cpu_interval_s).start() if cpu_interval_s > 0 else None
+    reporter = MarkingReporter(sampler)
+    try:
+        if async_collectors is None:
+            s = train_muzero_segment(cfg, reporter=reporter)
+        else:
+            s = train_muzero_segment_async(cfg, reporter=reporter, driver_out=out)
+    finally:
+        cpu = sampler.stop() if sampler is not None else None
     row = {
         "pipeline": "sync" if async_collectors is None else f"async x{async_collectors}",
         "env_steps": s.env_steps,
@@ -57,6 +88,8 @@ def run(preset: str, overrides: dict, *, async_collectors: int | None, wall_s: f
         "train_per_s": s.train_iter / s.wall_s,
         "train_per_envstep": s.train_iter / max(1, s.env_steps),
         "timings": s.timings,
+        "cpu": cpu,
+        "at_mark": reporter.at_mark,
     }
     if out:
         m = out[0].pipeline_metrics()
@@ -70,6 +103,32 @@ def run(preset: str, overrides: dict, *, async_collectors: int | None, wall_s: f
     return row
 
 
+def print_cpu(rows: list[dict]) -> None:
+    """Per-process CPU of each run of a round, over its steady window (first training step to the end; the
+    whole run where no window started): CPU seconds, cores used, CPU ms per env step and the share of the
+    run's own CPU, per role."""
+    roles = [*proc_cpu.ROLES[:-1], "sampler"]
+    print(f"{'pipeline':>10} {'window':>7} {'env_steps':>9} " + " ".join(f"{r:>17}" for r in roles)
+          + f" {'ours cores':>10} {'other cores':>11}")  # fmt: skip
+    print(f"{'':>10} {'':>7} {'':>9} " + " ".join(f"{'ms/step  share':>17}" for _ in roles))
+    for r in rows:
+        cpu = r["cpu"]
+        if cpu is None:
+            continue
+        window, steps = "run", r["env_steps"]
+        if cpu.since_mark is not None and r["at_mark"] is not None:
+            cpu, window, steps = cpu.since_mark, "steady", r["env_steps"] - r["at_mark"][0]
+        ours = max(cpu.ours_s(), 1e-9)
+        cells = " ".join(
+            f"{1e3 * cpu.cpu_s.get(k, 0.0) / max(steps, 1):>9.2f} {cpu.cpu_s.get(k, 0.0) / ours:>6.1%}"
+            for k in roles
+        )
+        print(
+            f"{r['pipeline']:>10} {window:>7} {steps:>9d} {cells} {cpu.ours_s() / cpu.wall_s:>10.2f} "
+            f"{cpu.cpu_s['other'] / cpu.wall_s:>11.2f}"
+        )
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="cartpole_muzero")
@@ -78,6 +137,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--collectors", type=int, nargs="+", default=[1, 2])
     p.add_argument("--out-dir", default="/tmp/muzero_tune_bench")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (sync, async..., sync, ...)")
+    p.add_argument(
+        "--cpu-interval-s",
+        type=float,
+        default=1.0,
+        help="sample every process's CPU seconds at this interval and print the share per role (0: off)",
+    )
     args = p.parse_args(argv)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -93,7 +158,14 @@ def main(argv: list[str] | None = None) -> None:
         for _ in range(args.rounds):
             rounds.append(
                 [
-                    run(args.preset, overrides, async_collectors=n, wall_s=args.wall_s, out_dir=args.out_dir)
+                    run(
+                        args.preset,
+                        overrides,
+                        async_collectors=n,
+                        wall_s=args.wall_s,
+                        out_dir=args.out_dir,
+                        cpu_interval_s=args.cpu_interval_s if proc_cpu.available() else 0.0,
+                    )
                     for n in (None, *args.collectors)
                 ]
             )
@@ -141,6 +213,9 @@ def main(argv: list[str] | None = None) -> None:
                 f"{r.get('learner_idle', float('nan')):>12.2f} "
                 f"{r.get('collector_idle', float('nan')):>14.2f} {r.get('lag_mean', float('nan')):>6.1f}"
             )
+        if any(r["cpu"] is not None for r in rows):
+            print("CPU per role (driver = learner + buffer + event loop; ray = Ray's own processes):")
+            print_cpu(rows)
     print(f"\nover {args.rounds} round(s): median [min, max] of each round's ratio to that round's sync run")
     for name, vals in summary.items():
         if name == "sync":
