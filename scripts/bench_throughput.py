@@ -31,13 +31,14 @@ class MarkingReporter(MemoryReporter):
     def __init__(self, sampler: proc_cpu.CpuSampler | None):
         super().__init__()
         self.sampler = sampler
-        self.at_mark: tuple[int, int] | None = None  # (env steps, train_iter) when the window started
+        self.at_mark: tuple[int, int, float] | None = None  # (env steps, train_iter, run wall s) at the start
 
     def on_progress(self, metrics: dict) -> None:
         super().on_progress(metrics)
-        if self.sampler is not None and self.at_mark is None and metrics.get("train_iter", 0) > 0:
-            self.sampler.mark()
-            self.at_mark = (int(metrics["envstep"]), int(metrics["train_iter"]))
+        if self.at_mark is None and metrics.get("train_iter", 0) > 0:
+            if self.sampler is not None:
+                self.sampler.mark()
+            self.at_mark = (int(metrics["envstep"]), int(metrics["train_iter"]), float(metrics["wall_s"]))
 
 
 def run(
@@ -91,6 +92,12 @@ def run(
         "cpu": cpu,
         "at_mark": reporter.at_mark,
     }
+    if reporter.at_mark is not None and s.wall_s > reporter.at_mark[2]:
+        # the steady window: from the first progress row with training to the end (start-up left out)
+        window_s = s.wall_s - reporter.at_mark[2]
+        row["steady_train_per_s"] = (s.train_iter - reporter.at_mark[1]) / window_s
+        row["steady_envstep_per_s"] = (s.env_steps - reporter.at_mark[0]) / window_s
+        row["startup_s"] = reporter.at_mark[2]
     if out:
         m = out[0].pipeline_metrics()
         row.update(
@@ -127,6 +134,8 @@ def print_cpu(rows: list[dict]) -> None:
             f"{r['pipeline']:>10} {window:>7} {steps:>9d} {cells} {cpu.ours_s() / cpu.wall_s:>10.2f} "
             f"{cpu.cpu_s['other'] / cpu.wall_s:>11.2f}"
         )
+        top = sorted(cpu.by_process.items(), key=lambda kv: -kv[1])[:8]
+        print(" " * 12 + "; ".join(f"{k} {v / cpu.wall_s:.3f} cores" for k, v in top))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -183,6 +192,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     # pipeline -> per round (ratio, matched ratio, matched share of the bound)
     summary: dict[str, list[tuple[float, float, float]]] = {}
+    summary_steady: dict[str, list[tuple[float, float]]] = {}  # pipeline -> per round (ratio, share of bound)
     for k, rows in enumerate(rounds):
         sync = rows[0]
         t = sync["timings"]
@@ -213,6 +223,21 @@ def main(argv: list[str] | None = None) -> None:
                 f"{r.get('learner_idle', float('nan')):>12.2f} "
                 f"{r.get('collector_idle', float('nan')):>14.2f} {r.get('lag_mean', float('nan')):>6.1f}"
             )
+        if "steady_train_per_s" in sync:
+            print(
+                "steady window (first progress row with training -> end; actor start-up and the first "
+                "collect left out): train/s, and its ratio to sync's = env steps/s at sync's replay ratio"
+            )
+            for r in rows:
+                if "steady_train_per_s" not in r:
+                    continue
+                steady = r["steady_train_per_s"] / max(sync["steady_train_per_s"], 1e-9)
+                summary_steady.setdefault(r["pipeline"], []).append((steady, steady / bound))
+                print(
+                    f"{r['pipeline']:>10}: start-up {r['startup_s']:6.1f} s, train/s "
+                    f"{r['steady_train_per_s']:6.2f}, envstep/s {r['steady_envstep_per_s']:7.1f}, ratio "
+                    f"{steady:5.2f} = {steady / bound:4.0%} of the bound"
+                )
         if any(r["cpu"] is not None for r in rows):
             print("CPU per role (driver = learner + buffer + event loop; ray = Ray's own processes):")
             print_cpu(rows)
@@ -226,6 +251,13 @@ def main(argv: list[str] | None = None) -> None:
             f"matched {np.median(matched):.2f} [{matched.min():.2f}, {matched.max():.2f}]; "
             f"matched share of the ideal bound {np.median(share):.0%} [{share.min():.0%}, {share.max():.0%}]"
         )
+        if summary_steady.get(name):
+            steady, steady_share = (np.asarray(v) for v in zip(*summary_steady[name]))
+            print(
+                f"{'':>10}  steady window: train/s ratio {np.median(steady):.2f} [{steady.min():.2f}, "
+                f"{steady.max():.2f}]; share of the bound {np.median(steady_share):.0%} "
+                f"[{steady_share.min():.0%}, {steady_share.max():.0%}]"
+            )
     sys.stdout.flush()
 
 

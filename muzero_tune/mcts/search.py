@@ -32,7 +32,9 @@ Step = Callable[[int], None]
 RecurrentFn = Callable[[torch.Tensor, np.ndarray], tuple[torch.Tensor, np.ndarray, np.ndarray, np.ndarray]]
 """``recurrent_fn(latent [B, *latent_shape], actions [B] int64) ->
 (next_latent [B, *latent_shape], reward [B] float32, value [B] float32, policy_logits [B, A] float32)``.
-Rewards and values are already decoded to scalars; the policy owns the network and any caches."""
+Rewards and values are already decoded to scalars; the policy owns the network and any caches. The input
+latent may be a row of a block the search reuses (:meth:`LatentStore.run_gather`): copy it to keep it past
+the search."""
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: numpy fields make field-wise ==/hash meaningless
@@ -367,7 +369,7 @@ class TreeSearch(Search):
             self._store.ensure(root_latent, num_nodes=self._num_simulations + 1, batch_size=bsz)
             self._store.put(0, root_latent)
             # Each step is built once per run (kernel entry points and argument tuples bound), so a
-            # simulation's Python work is three calls plus the network's.
+            # simulation's Python work is two calls plus the network's.
             select = self._select_step(bsz, deterministic)
             expand = self._expand_step(bsz, recurrent_fn, network_fns)  # network call, expansion and backup
             for sim in range(self._num_simulations):
