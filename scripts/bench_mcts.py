@@ -30,6 +30,7 @@ from muzero_tune.mcts import MuZeroSearch, kernels, puct
 from muzero_tune.mcts.sampled import SampledSearch
 
 LATENT_SIZE = 64  # width of the dummy latent for run(); only affects the torch gather/copy cost
+CLOCK_NS = time.perf_counter_ns  # the tree-work timer; ``--clock cpu`` makes it this thread's CPU time
 
 
 def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
@@ -84,7 +85,7 @@ def time_kernels(
                    t.leaf_logits)  # fmt: skip
     select_ns = 0
     backup_ns = 0
-    clock = time.perf_counter_ns
+    clock = CLOCK_NS
     for _ in range(repeats):
         t.root_noise[:batch_size] = rng.standard_gamma(0.3, size=(batch_size, num_actions))
         kernels.prepare_roots(
@@ -154,10 +155,10 @@ def time_full_run(
         )
 
     run_once()  # warm-up: buffer allocation
-    t0 = time.perf_counter()
+    t0 = CLOCK_NS()
     for _ in range(repeats):
         run_once()
-    return (time.perf_counter() - t0) * 1e6 / (repeats * num_simulations * batch_size)
+    return (CLOCK_NS() - t0) * 1e-3 / (repeats * num_simulations * batch_size)
 
 
 def section_kernels(args: argparse.Namespace) -> None:
@@ -326,6 +327,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-samples", type=int, default=20, help="K of the sampled-search section")
     p.add_argument("--repeats", type=int, default=200, help="searches timed per configuration")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="time the tree work in wall time or in this thread's CPU time (steadier on a shared machine)",
+    )
     p.add_argument("--skip-compile-timing", action="store_true", help="skip the cold/cached compile probe")
     p.add_argument("--skip-pong", action="store_true", help="collect-step section: CartPole only")
     return p
@@ -333,6 +340,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    global CLOCK_NS
+    CLOCK_NS = time.thread_time_ns if args.clock == "cpu" else time.perf_counter_ns
     torch.set_num_threads(1)
     # Compile (or load from cache) before timing anything.
     time_kernels(batch_size=1, num_actions=2, num_simulations=2, repeats=1, rng=np.random.default_rng(0))

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from muzero_tune.mcts import gumbel_kernels as gk
-from muzero_tune.mcts.search import TreeSearch, fast
+from muzero_tune.mcts.search import Step, TreeSearch, fast
 from muzero_tune.mcts.tree import TreeArrays
 
 
@@ -102,14 +102,16 @@ class GumbelMuZeroSearch(TreeSearch):
     def _knobs(self) -> tuple[float, float, float, float]:
         return self.discount, self.value_delta_max, self.c_visit, self.c_scale
 
-    def _select(self, bsz: int, sim: int, deterministic: bool) -> None:
+    def _select_step(self, bsz: int, deterministic: bool) -> Step:
         t = self._tree
-        fast(gk.select_leaves)(
+        kernel = fast(gk.select_leaves)
+        head = (
             t.children, t.logits, t.prior, t.kind, t.visit_count, t.value_sum, t.reward, t.raw_value,
             t.root_legal, t.gumbel, t.num_considered, self._visit_table, t.cq, t.sigma, t.scores, t.path,
-            t.path_len, t.sel_parent, t.sel_action, t.sel_kind, t.root_trace, sim, bsz, self._num_actions,
-            *self._knobs(),
+            t.path_len, t.sel_parent, t.sel_action, t.sel_kind, t.root_trace,
         )  # fmt: skip
+        tail = (bsz, self._num_actions, *self._knobs())
+        return lambda sim: kernel(*head, sim, *tail)
 
     def _extras(self, bsz: int, visit_counts: np.ndarray) -> dict[str, np.ndarray]:
         t = self._tree

@@ -8,6 +8,10 @@ What this module owns
       root's counted visit (the initial inference is visit 1 with the network's root value);
     * :func:`expand_and_backup` -- attach the new node (its kind, reward, priors) and back its value up to
       the root: values, visits, min-max, discount, and the chance-edge rule as a flag;
+    * :func:`store_expand_and_backup` -- the same after storing the new nodes' latents (bytes copied from
+      the network output's address), so the whole expansion after the network call is one call;
+    * :func:`gather_latents` -- a simulation's parent latents (as bytes) and actions, copied into the blocks
+      the network call reads;
     * :func:`root_statistics` -- root visit counts and root value.
 
     The per-variant selection rules live beside it (:mod:`muzero_tune.mcts.puct` for MuZero's pUCT and
@@ -57,6 +61,9 @@ import math
 
 import numba
 import numpy as np
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 # fmt: off
 # The kernels take every tree array explicitly (numba compiles one signature per kernel); one argument per
@@ -229,20 +236,54 @@ def backup_path(kind, visit_count, value_sum, reward, min_value, max_value, path
     max_value[b] = hi
 
 
+@intrinsic
+def _address(typingctx, array):
+    """The integer address of ``array``'s first element."""
+    if not isinstance(array, types.Array):
+        return None
+
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        return builder.ptrtoint(data, context.get_value_type(types.intp))
+
+    return types.intp(array), codegen
+
+
+@intrinsic
+def _copy_bytes(typingctx, dst_address, src_address, num_bytes):
+    """memcpy of ``num_bytes`` from ``src_address`` to ``dst_address`` (non-overlapping). Kernels without
+    numba's runtime cannot build the array views a slice copy needs; this is one LLVM memcpy."""
+    if not all(isinstance(x, types.Integer) for x in (dst_address, src_address, num_bytes)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        byte_ptr = context.get_value_type(types.CPointer(types.uint8))
+        dst = builder.inttoptr(args[0], byte_ptr)
+        src = builder.inttoptr(args[1], byte_ptr)
+        cgutils.raw_memcpy(builder, dst, src, args[2], 1)
+        return context.get_dummy_value()
+
+    return types.void(dst_address, src_address, num_bytes), codegen
+
+
+@numba.njit(cache=True, _nrt=False, inline="always")
+def store_latents(store, node, address, batch_size):
+    """store[node, :batch_size] = the C-contiguous [B, Z]-byte latent at ``address`` (store [Nc, Bc, Z] uint8,
+    C-contiguous, so those B rows are one block); ``address`` 0 stores nothing (the caller stored it)."""
+    if address != 0:
+        width = store.shape[2]
+        _copy_bytes(_address(store) + node * store.shape[1] * width, address, batch_size * width)
+
+
 def _make_expand_and_backup(chance_edges):
-    """The expansion + backup kernel with the chance-edge rule compiled in (a compile-time constant, so the
+    """The expansion + backup kernels with the chance-edge rule compiled in (a compile-time constant, so the
     kernel without chance nodes carries no kind checks); each variant is cached on its own."""
 
-    @numba.njit(cache=True, _nrt=False)
-    def expand_and_backup(children, prior, logits, kind, visit_count, value_sum, reward, raw_value,
-                          min_value, max_value, path, path_len, sel_parent, sel_action, sel_kind, leaf_reward,
-                          leaf_value, leaf_logits, new_node, batch_size, num_actions, num_chances, discount):
-        """Attach node ``new_node`` at (sel_parent, sel_action) in every tree and back its value up.
-
-        leaf_reward [Bc], leaf_value [Bc], leaf_logits [Bc, W] float64: the network outputs for the new nodes
-        (policy logits over A for a decision node, chance logits over C for a chance node). With chance
-        edges the new node's kind alternates with its parent's and chance nodes do not discount.
-        """
+    @numba.njit(cache=True, _nrt=False, inline="always")
+    def expand_and_backup_trees(children, prior, logits, kind, visit_count, value_sum, reward, raw_value,
+                                min_value, max_value, path, path_len, sel_parent, sel_action, sel_kind,
+                                leaf_reward, leaf_value, leaf_logits, new_node, batch_size, num_actions,
+                                num_chances, discount):
         for b in range(batch_size):
             width = num_actions
             new_kind = DECISION
@@ -257,11 +298,41 @@ def _make_expand_and_backup(chance_edges):
             backup_path(kind, visit_count, value_sum, reward, min_value, max_value, path, path_len, b,
                         leaf_value[b], discount, chance_edges)
 
-    return expand_and_backup
+    @numba.njit(cache=True, _nrt=False)
+    def expand_and_backup(children, prior, logits, kind, visit_count, value_sum, reward, raw_value,
+                          min_value, max_value, path, path_len, sel_parent, sel_action, sel_kind, leaf_reward,
+                          leaf_value, leaf_logits, new_node, batch_size, num_actions, num_chances, discount):
+        """Attach node ``new_node`` at (sel_parent, sel_action) in every tree and back its value up.
+
+        leaf_reward [Bc], leaf_value [Bc], leaf_logits [Bc, W] float64: the network outputs for the new nodes
+        (policy logits over A for a decision node, chance logits over C for a chance node). With chance
+        edges the new node's kind alternates with its parent's and chance nodes do not discount.
+        """
+        expand_and_backup_trees(children, prior, logits, kind, visit_count, value_sum, reward, raw_value,
+                                min_value, max_value, path, path_len, sel_parent, sel_action, sel_kind,
+                                leaf_reward, leaf_value, leaf_logits, new_node, batch_size, num_actions,
+                                num_chances, discount)
+
+    @numba.njit(cache=True, _nrt=False)
+    def store_expand_and_backup(children, prior, logits, kind, visit_count, value_sum, reward, raw_value,
+                                min_value, max_value, path, path_len, sel_parent, sel_action, sel_kind,
+                                leaf_reward, leaf_value, leaf_logits, store, latent_address, new_node,
+                                batch_size, num_actions, num_chances, discount):
+        """:func:`store_latents` of the new nodes' latents (``store`` [Nc, Bc, Z] uint8, ``latent_address``
+        of the network's C-contiguous [B, *latent_shape] output, or 0), then :func:`expand_and_backup`: the
+        whole expansion after the network call in one call."""
+        store_latents(store, new_node, latent_address, batch_size)
+        expand_and_backup_trees(children, prior, logits, kind, visit_count, value_sum, reward, raw_value,
+                                min_value, max_value, path, path_len, sel_parent, sel_action, sel_kind,
+                                leaf_reward, leaf_value, leaf_logits, new_node, batch_size, num_actions,
+                                num_chances, discount)
+
+    return expand_and_backup, store_expand_and_backup
 
 
-expand_and_backup = _make_expand_and_backup(False)  # trees of decision nodes only
-expand_and_backup_chance = _make_expand_and_backup(True)  # decision and chance nodes (Stochastic MuZero)
+# trees of decision nodes only; decision and chance nodes (Stochastic MuZero)
+expand_and_backup, store_expand_and_backup = _make_expand_and_backup(False)
+expand_and_backup_chance, store_expand_and_backup_chance = _make_expand_and_backup(True)
 
 
 @numba.njit(cache=True, _nrt=False, inline="always")
@@ -271,6 +342,23 @@ def end_descent(path_len, sel_parent, sel_action, sel_kind, kind, b, node, depth
     sel_parent[b] = node
     sel_action[b] = edge
     sel_kind[b] = kind[b, node]
+
+
+@numba.njit(cache=True, _nrt=False)
+def gather_latents(store, sel_parent, sel_action, batch_size, out, out_actions, sim):
+    """out[sim, b] = store[sel_parent[b], b] and out_actions[sim, b] = sel_action[b] for b < batch_size: a
+    simulation's parent latents and actions, copied into the run's blocks (the network's inputs).
+
+    store [Nc, Bc, Z] uint8 (the latent store's bytes, Z bytes per latent); out [S, B, Z] uint8; both
+    C-contiguous; out_actions [S, B] int64. Bytes, so one compiled signature serves every latent dtype and
+    shape.
+    """
+    width = store.shape[2]
+    store_at = _address(store)
+    out_at = _address(out) + sim * out.shape[1] * width
+    for b in range(batch_size):
+        _copy_bytes(out_at + b * width, store_at + (sel_parent[b] * store.shape[1] + b) * width, width)
+        out_actions[sim, b] = sel_action[b]
 
 
 @numba.njit(cache=True, _nrt=False)

@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from muzero_tune.mcts import sampled_kernels as smk
-from muzero_tune.mcts.search import MuZeroSearch, _check_shape, _stage, call_recurrent, fast
+from muzero_tune.mcts.search import MuZeroSearch, Step, _check_shape, _stage, call_recurrent, fast
 from muzero_tune.mcts.tree import TreeArrays
 
 SAMPLED_PRIORS = ("uniform", "density")
@@ -176,15 +176,21 @@ class SampledSearch(MuZeroSearch):
         _stage("policy_params", t.leaf_params[:bsz], params)
         self._draw_sampling_noise(bsz, self._rng)
 
-    def _backup(self, bsz: int, sim: int) -> None:
+    def _expand_step(self, bsz, recurrent_fn, network_fns) -> Step:
+        return self._expand_then_backup(bsz, recurrent_fn, network_fns)
+
+    def _backup_step(self, bsz: int) -> Step:
         t = self._tree
-        fast(smk.expand_and_backup)(
+        kernel = fast(smk.expand_and_backup)
+        head = (
             t.children, t.prior, t.kind, t.visit_count, t.value_sum, t.reward, t.raw_value, t.min_value,
             t.max_value, t.path, t.path_len, t.sel_parent, t.sel_action, t.leaf_reward, t.leaf_value,
             t.node_actions, t.slot_score, t.leaf_params, t.normal_noise, t.gumbel_noise, t.action_legal,
-            t.taken, sim + 1, bsz, self._num_actions, self.action_dim, self.num_env_actions, self.continuous,
-            self.sampled_prior == "uniform", self.discount,
+            t.taken,
         )  # fmt: skip
+        tail = (bsz, self._num_actions, self.action_dim, self.num_env_actions, self.continuous,
+                self.sampled_prior == "uniform", self.discount)  # fmt: skip
+        return lambda sim: kernel(*head, sim + 1, *tail)
 
     def _extras(self, bsz: int, visit_counts: np.ndarray) -> dict[str, np.ndarray]:
         t = self._tree

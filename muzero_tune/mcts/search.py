@@ -26,10 +26,15 @@ import torch
 from muzero_tune.mcts import kernels, puct
 from muzero_tune.mcts.tree import TreeArrays
 
+Step = Callable[[int], None]
+"""One phase of a simulation, bound once per run: ``step(sim)`` with ``sim`` the 0-based simulation."""
+
 RecurrentFn = Callable[[torch.Tensor, np.ndarray], tuple[torch.Tensor, np.ndarray, np.ndarray, np.ndarray]]
 """``recurrent_fn(latent [B, *latent_shape], actions [B] int64) ->
 (next_latent [B, *latent_shape], reward [B] float32, value [B] float32, policy_logits [B, A] float32)``.
-Rewards and values are already decoded to scalars; the policy owns the network and any caches."""
+Rewards and values are already decoded to scalars; the policy owns the network and any caches. The input
+latent may be a row of a block the search reuses (:meth:`LatentStore.run_gather`): copy it to keep it past
+the search."""
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: numpy fields make field-wise ==/hash meaningless
@@ -143,8 +148,11 @@ class LatentStore:
         self.batch_index: torch.Tensor | None = None  # [Bc] int64 arange on the latent device
         self._np: np.ndarray | None = None  # numpy view of ``buf`` (CPU, numpy dtype) or None
         self._rows: np.ndarray = np.arange(0)  # [B] int64 arange for the numpy path
+        self._bytes: np.ndarray | None = None  # [Nc, Bc, Z] uint8 byte view of ``_np`` (the gather kernel's)
         self._bsz = 0  # B of the current run
         self._full_shape: tuple[int, ...] = ()
+        self._block_key: tuple | None = None  # (S, [B, *latent_shape], dtype) of ``_block``
+        self._block: tuple[tuple[torch.Tensor, ...], np.ndarray] = ((), np.empty((0, 0, 0), np.uint8))
 
     def ensure(
         self, root_latent: torch.Tensor, *, num_nodes: int, batch_size: int
@@ -166,12 +174,15 @@ class LatentStore:
             )
             self.batch_index = torch.arange(capacity, device=root_latent.device)
             self._np = None
+            self._bytes = None
+            self._bsz = 0  # the node views below belong to the old buffer
             if self.buf.device.type == "cpu" and self.buf.dtype in _NUMPY_DTYPES:
                 self._np = self.buf.numpy()  # shares memory with ``buf``
-        if len(self._rows) != batch_size:
+                self._bytes = self._np.reshape(self._np.shape[0], self._np.shape[1], -1).view(np.uint8)
+        if batch_size != self._bsz:
             self._rows = np.arange(batch_size)
-        self._bsz = batch_size
-        self._full_shape = (batch_size, *self.buf.shape[2:])  # [B, *latent_shape]
+            self._bsz = batch_size
+            self._full_shape = (batch_size, *self.buf.shape[2:])  # [B, *latent_shape]
         return self.buf, self.batch_index[:batch_size]
 
     @property
@@ -200,6 +211,82 @@ class LatentStore:
         _check_latent(latent, (len(rows), *self.buf.shape[2:]))
         self.buf[node, torch.from_numpy(rows).to(self.buf.device)] = latent.to(self.buf.dtype)
 
+    def run_gather(
+        self, sel_parent: np.ndarray, sel_action: np.ndarray, num_simulations: int
+    ) -> Callable[[int], tuple[torch.Tensor, np.ndarray]]:
+        """``gather(sim) -> (parent_latent [B, *latent_shape], actions [B] int64)`` for one run of all B
+        trees: the latents of nodes ``sel_parent[:B]`` and the edges ``sel_action[:B]`` (the select kernel's
+        output).
+
+        The actions are rows of a block ``[S, B]`` allocated per run: the network may keep them. On the numpy
+        path the latents are rows of a block ``[S, B, *latent_shape]`` kept across runs (its row views cost
+        more to make than a whole search's gathers): valid during the call and until the same simulation of
+        the next run -- a network that keeps its input latent past the search must copy it. One
+        :func:`~muzero_tune.mcts.kernels.gather_latents` call copies both. Elsewhere (CUDA, bfloat16) the
+        latents are fresh tensors from :meth:`gather`.
+        """
+        bsz = self._bsz
+        actions = np.empty((num_simulations, bsz), dtype=np.int64)  # [S, B]
+        if self._bytes is None:
+
+            def gather_torch(sim: int) -> tuple[torch.Tensor, np.ndarray]:
+                row = actions[sim]
+                row[...] = sel_action[:bsz]
+                return self.gather(sel_parent[:bsz]), row
+
+            return gather_torch
+        latent_rows, block_bytes = self._input_block(num_simulations)
+        kernel, store = fast(kernels.gather_latents), self._bytes
+
+        def gather(sim: int) -> tuple[torch.Tensor, np.ndarray]:
+            kernel(store, sel_parent, sel_action, bsz, block_bytes, actions, sim)
+            return latent_rows[sim], actions[sim]
+
+        return gather
+
+    def _input_block(self, num_simulations: int) -> tuple[tuple[torch.Tensor, ...], np.ndarray]:
+        """The network-input block of the numpy path: its S row tensors [B, *latent_shape] and its bytes
+        [S, B, Z] uint8; made again only when S, B, or the latent's shape or dtype change."""
+        key = (num_simulations, self._full_shape, self.buf.dtype)
+        if self._block_key != key:
+            block = torch.empty((num_simulations, *self._full_shape), dtype=self.buf.dtype)  # [S, B, *latent]
+            self._block = (
+                block.unbind(0),
+                block.numpy().reshape(num_simulations, self._bsz, -1).view(np.uint8),
+            )
+            self._block_key = key
+        return self._block
+
+    def run_store(self) -> tuple[np.ndarray, Callable[[int, torch.Tensor], int]]:
+        """``(store_bytes, stage)`` for all B trees of this run. ``stage(node, latent) -> address`` checks the
+        network's new latents [B, *latent_shape]: a C-contiguous CPU tensor of the store's dtype on the numpy
+        path is left where it is and its address returned, for the expansion kernel to copy into
+        ``store_bytes`` [Nc, Bc, Z] uint8 (:func:`~muzero_tune.mcts.kernels.store_latents`; a numpy view of
+        the tensor costs more than the whole copy); anything else is stored now by :meth:`put` and 0
+        returned."""
+        put = self.put
+        if self._bytes is None:
+
+            def stage_torch(node: int, latent: torch.Tensor) -> int:
+                put(node, latent)
+                return 0
+
+            return _NO_BYTES, stage_torch
+        full_shape, dtype = torch.Size(self._full_shape), self.buf.dtype
+
+        def stage(node: int, latent: torch.Tensor) -> int:
+            if latent.shape != full_shape:
+                _check_latent(latent, full_shape)
+            if latent.dtype is dtype and latent.is_cpu and latent.is_contiguous():
+                return latent.data_ptr()
+            put(node, latent)  # casts, copies strided or grad-carrying tensors
+            return 0
+
+        return self._bytes, stage
+
+
+_NO_BYTES = np.zeros((1, 1, 1), dtype=np.uint8)  # store_bytes where the latents are not numpy-viewable
+
 
 _NUMPY_DTYPES = (torch.float32, torch.float64, torch.float16)
 
@@ -208,9 +295,12 @@ class TreeSearch(Search):
     """The batched loop every tree search shares; a variant supplies its selection rule and read-out.
 
     :meth:`run`: stage and check the roots, prepare them (:meth:`_prepare`), then per simulation select one
-    unexpanded edge per tree (:meth:`_select`), expand all of them with one batched network call
-    (:meth:`_expand`) and back the new values up (:meth:`_backup`, the shared core's), and finally read the
-    root out (:meth:`_outputs`). Variants override the hooks, never the loop. ``chance_edges`` (class
+    unexpanded edge per tree (:meth:`_select_step`), expand all of them with one batched network call and
+    back the new values up (:meth:`_expand_step`, the shared core's), and finally read the root out
+    (:meth:`_outputs`). The per-simulation hooks return a :data:`Step` bound once per run (entry points and
+    argument tuples resolved), so a simulation is two Python calls besides the network's, with no attribute
+    look-ups or allocations.
+    Variants override the hooks, never the loop. ``chance_edges`` (class
     attribute) switches the core's chance-edge rule on for trees with chance nodes.
     """
 
@@ -270,19 +360,21 @@ class TreeSearch(Search):
         **network_fns: Callable,
     ) -> SearchOutput:
         """Search from B roots (arguments: :meth:`Search.run`; ``root_value`` is required here: the root's
-        initial inference is its first visit). ``network_fns``: extra callables a variant's :meth:`_expand`
-        takes (Stochastic MuZero's ``afterstate_fn``)."""
+        initial inference is its first visit). ``network_fns``: extra callables a variant's
+        :meth:`_expand_step` takes (Stochastic MuZero's ``afterstate_fn``)."""
         bsz = self._stage_roots(root_latent, root_policy_logits, legal_mask, root_value)
         deterministic = bool(deterministic)
         self._prepare(bsz, add_noise=bool(add_noise), deterministic=deterministic, rng=rng)
         with torch.no_grad():
             self._store.ensure(root_latent, num_nodes=self._num_simulations + 1, batch_size=bsz)
             self._store.put(0, root_latent)
-            select, expand, backup = self._select, self._expand, self._backup
+            # Each step is built once per run (kernel entry points and argument tuples bound), so a
+            # simulation's Python work is two calls plus the network's.
+            select = self._select_step(bsz, deterministic)
+            expand = self._expand_step(bsz, recurrent_fn, network_fns)  # network call, expansion and backup
             for sim in range(self._num_simulations):
-                select(bsz, sim, deterministic)
-                expand(bsz, sim, recurrent_fn, **network_fns)
-                backup(bsz, sim)
+                select(sim)
+                expand(sim)
         return self._outputs(bsz)
 
     # ------------------------------------------------------------------------------------------- hooks
@@ -312,7 +404,7 @@ class TreeSearch(Search):
         """Reset the trees, set the root priors (noise staged in ``root_noise`` when ``add_noise``) and
         count the roots' first visits."""
         t = self._tree
-        kernels.prepare_roots(
+        fast(kernels.prepare_roots)(
             t.children, t.prior, t.logits, t.kind, t.visit_count, t.value_sum, t.reward, t.raw_value,
             t.min_value, t.max_value, t.root_legal, t.root_logits, t.root_noise, t.root_value, bsz,
             self._num_simulations + 1, self._num_actions, add_noise, self._noise_weight(), self.discount,
@@ -322,45 +414,91 @@ class TreeSearch(Search):
         return 0.0
 
     @abc.abstractmethod
-    def _select(self, bsz: int, sim: int, deterministic: bool) -> None:
-        """Write the path and ``sel_parent``/``sel_action``/``sel_kind`` of every tree (a select kernel)."""
+    def _select_step(self, bsz: int, deterministic: bool) -> Step:
+        """``select(sim)``: write the path and ``sel_parent``/``sel_action``/``sel_kind`` of every tree (a
+        select kernel call)."""
 
-    def _expand(self, bsz, sim, recurrent_fn, **network_fns) -> None:
-        """One batched ``recurrent_fn`` call on every tree's selected edge; stores the new latents (node
-        ``sim + 1``) and stages the decoded outputs for the backup."""
+    def _expand_step(self, bsz: int, recurrent_fn: RecurrentFn, network_fns: Mapping[str, Callable]) -> Step:
+        """``expand(sim)``: one batched ``recurrent_fn`` call on every tree's selected edge, then one kernel
+        call that stores the new latents (node ``sim + 1``), attaches the new nodes and backs their values up
+        (:func:`~muzero_tune.mcts.kernels.store_expand_and_backup`). The network's inputs are rows of
+        blocks (:meth:`LatentStore.run_gather`). A variant with its own expansion composes it with
+        :meth:`_backup_step` (:meth:`_expand_then_backup`)."""
         t = self._tree
-        parent_latent = self._store.gather(t.sel_parent[:bsz])  # [B, *latent_shape], a fresh tensor
-        # A fresh int64 array: recurrent_fn may keep it (e.g. to log actions).
-        actions = t.sel_action[:bsz].astype(np.int64)  # [B]
-        next_latent, reward, value, logits = call_recurrent(recurrent_fn, parent_latent, actions, t, bsz, sim)
-        self._store.put(sim + 1, next_latent)
-        shapes = tuple(getattr(x, "shape", None) for x in (reward, value, logits))
-        if shapes == ((bsz,), (bsz,), (bsz, self._num_actions)):
-            t.leaf_reward[:bsz] = reward
-            t.leaf_value[:bsz] = value
-            t.leaf_logits[:bsz, : self._num_actions] = logits
-        else:  # names the output whose shape is wrong
-            _stage("reward", t.leaf_reward[:bsz], reward)
-            _stage("value", t.leaf_value[:bsz], value)
-            _stage("policy_logits", t.leaf_logits[:bsz, : self._num_actions], logits)
-
-    def _backup(self, bsz: int, sim: int) -> None:
-        """Attach node ``sim + 1`` in every tree and back its value up (the shared core)."""
-        t = self._tree
-        kernel = kernels.expand_and_backup_chance if self.chance_edges else kernels.expand_and_backup
-        fast(kernel)(
+        gather = self._store.run_gather(t.sel_parent, t.sel_action, self._num_simulations)
+        store_bytes, stage_latent = self._store.run_store()
+        leaf_reward, leaf_value = t.leaf_reward[:bsz], t.leaf_value[:bsz]  # [B] float64 staging views
+        leaf_logits = t.leaf_logits[:bsz, : self._num_actions]  # [B, A]
+        shapes = ((bsz,), (bsz,), (bsz, self._num_actions))
+        plain_call = not getattr(recurrent_fn, "wants_node_ids", False)
+        kernel = fast(
+            kernels.store_expand_and_backup_chance if self.chance_edges else kernels.store_expand_and_backup
+        )
+        head = (
             t.children, t.prior, t.logits, t.kind, t.visit_count, t.value_sum, t.reward, t.raw_value,
             t.min_value, t.max_value, t.path, t.path_len, t.sel_parent, t.sel_action, t.sel_kind,
-            t.leaf_reward, t.leaf_value, t.leaf_logits, sim + 1, bsz, self._num_actions, self.num_chances,
-            self.discount,
+            t.leaf_reward, t.leaf_value, t.leaf_logits, store_bytes,
         )  # fmt: skip
+        tail = (bsz, self._num_actions, self.num_chances, self.discount)
+
+        def expand(sim: int) -> None:
+            parent_latent, actions = gather(sim)  # [B, *latent_shape], [B] int64
+            if plain_call:
+                next_latent, reward, value, logits = recurrent_fn(parent_latent, actions)
+            else:
+                next_latent, reward, value, logits = call_recurrent(
+                    recurrent_fn, parent_latent, actions, t, bsz, sim
+                )
+            address = stage_latent(sim + 1, next_latent)  # next_latent stays referenced until the kernel ran
+            try:
+                ok = (reward.shape, value.shape, logits.shape) == shapes
+            except AttributeError:
+                ok = False
+            if ok:
+                leaf_reward[...] = reward
+                leaf_value[...] = value
+                leaf_logits[...] = logits
+            else:  # names the output whose shape is wrong
+                _stage("reward", leaf_reward, reward)
+                _stage("value", leaf_value, value)
+                _stage("policy_logits", leaf_logits, logits)
+            kernel(*head, address, sim + 1, *tail)
+
+        return expand
+
+    def _expand_then_backup(
+        self, bsz: int, recurrent_fn: RecurrentFn, network_fns: Mapping[str, Callable]
+    ) -> Step:
+        """An :meth:`_expand_step` for variants that expand in their own per-simulation method
+        ``_expand(bsz, sim, recurrent_fn, **network_fns)`` (storing latents and staging the outputs), followed
+        by :meth:`_backup_step`."""
+        expand_sim, backup = self._expand, self._backup_step(bsz)
+
+        def step(sim: int) -> None:
+            expand_sim(bsz, sim, recurrent_fn, **network_fns)
+            backup(sim)
+
+        return step
+
+    def _backup_step(self, bsz: int) -> Step:
+        """``backup(sim)``: attach node ``sim + 1`` in every tree and back its value up (the shared core), its
+        latent stored and its outputs staged by the variant's own ``_expand``."""
+        t = self._tree
+        kernel = fast(kernels.expand_and_backup_chance if self.chance_edges else kernels.expand_and_backup)
+        head = (
+            t.children, t.prior, t.logits, t.kind, t.visit_count, t.value_sum, t.reward, t.raw_value,
+            t.min_value, t.max_value, t.path, t.path_len, t.sel_parent, t.sel_action, t.sel_kind,
+            t.leaf_reward, t.leaf_value, t.leaf_logits,
+        )  # fmt: skip
+        tail = (bsz, self._num_actions, self.num_chances, self.discount)
+        return lambda sim: kernel(*head, sim + 1, *tail)
 
     def _outputs(self, bsz: int) -> SearchOutput:
         """Root visit counts, value and priors, plus the variant's :meth:`_extras`."""
         t = self._tree
         visit_counts = np.empty((bsz, self._num_actions), dtype=np.int32)  # [B, A]
         root_value = np.empty(bsz, dtype=np.float64)  # [B]
-        kernels.root_statistics(
+        fast(kernels.root_statistics)(
             t.children, t.visit_count, t.value_sum, bsz, self._num_actions, visit_counts, root_value
         )
         totals = visit_counts.sum(axis=1, keepdims=True)  # [B, 1], == num_simulations
@@ -433,7 +571,7 @@ class MuZeroSearch(TreeSearch):
     def _seed_numba(self, deterministic: bool, rng: np.random.Generator) -> None:
         """numba's RNG serves only random tie-breaks here."""
         if not deterministic:
-            kernels.seed_rng(int(rng.integers(0, 2**31 - 1)))
+            fast(kernels.seed_rng)(int(rng.integers(0, 2**31 - 1)))
 
     def _prepare(self, bsz: int, *, add_noise: bool, deterministic: bool, rng: np.random.Generator) -> None:
         if add_noise:
@@ -443,15 +581,16 @@ class MuZeroSearch(TreeSearch):
         self._seed_numba(deterministic, rng)
         super()._prepare(bsz, add_noise=add_noise, deterministic=deterministic, rng=rng)
 
-    def _select(self, bsz: int, sim: int, deterministic: bool) -> None:
+    def _select_step(self, bsz: int, deterministic: bool) -> Step:
         t = self._tree
-        kernel = puct.select_leaves_chance if self.chance_edges else puct.select_leaves
-        fast(kernel)(
+        kernel = fast(puct.select_leaves_chance if self.chance_edges else puct.select_leaves)
+        args = (
             t.children, t.prior, t.kind, t.visit_count, t.value_sum, t.reward, t.min_value, t.max_value,
             t.root_legal, t.scores, t.path, t.path_len, t.sel_parent, t.sel_action, t.sel_kind, bsz,
             self._num_actions, self.num_chances, self.pb_c_base, self.pb_c_init, self.discount,
             self.value_delta_max, deterministic, self._chance_mode,
         )  # fmt: skip
+        return lambda sim: kernel(*args)
 
 
 _FAST: dict = {}

@@ -33,7 +33,7 @@ import torch
 
 from muzero_tune.mcts import kernels
 from muzero_tune.mcts.chance import CHANCE_MODES
-from muzero_tune.mcts.search import MuZeroSearch, RecurrentFn, SearchOutput, _check_shape
+from muzero_tune.mcts.search import MuZeroSearch, RecurrentFn, SearchOutput, Step, _check_shape
 from muzero_tune.mcts.tree import TreeArrays
 
 AfterstateFn = Callable[[torch.Tensor, np.ndarray], tuple[torch.Tensor, np.ndarray, np.ndarray]]
@@ -83,6 +83,9 @@ class StochasticMuZeroSearch(MuZeroSearch):
     def _seed_numba(self, deterministic: bool, rng: np.random.Generator) -> None:
         self._calls = 0
         kernels.seed_rng(int(rng.integers(0, 2**31 - 1)))
+
+    def _expand_step(self, bsz, recurrent_fn, network_fns) -> Step:
+        return self._expand_then_backup(bsz, recurrent_fn, network_fns)
 
     def _expand(self, bsz, sim, recurrent_fn, *, afterstate_fn: AfterstateFn) -> None:
         """Expand every tree's selected edge, with one batched call per edge kind present in the batch."""
