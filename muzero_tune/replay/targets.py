@@ -28,8 +28,8 @@ import numpy as np
 
 from muzero_tune.envs.spec import random_actions, stack_frames
 from muzero_tune.replay.buffer import SampledIndices
-from muzero_tune.replay.frames import FrameRef
 from muzero_tune.replay.segment import GameSegment
+from muzero_tune.replay.steps import STAT, rows_of_segments
 
 ValueFn = Callable[[np.ndarray], np.ndarray]  # stacked obs [N, *obs_shape] -> value [N] float32
 # obs [N, ...], legal [N, A] -> visits [N, A], or {stat name: [N, ...]} to write back
@@ -126,8 +126,8 @@ def make_batch(
             f"make_batch: segments store actions of shape [M, *{stored_shape}] but action_dim={action_dim} "
             f"asks for [M, *{actions.shape[2:]}] (pass action_dim=EnvSpec.action_dim)"
         )
-    stored = np.fromiter((s.num_stored for s in segs), dtype=np.int64, count=bsz)  # M per sample
-    terminal = np.fromiter((s.terminal_at_end for s in segs), dtype=bool, count=bsz)
+    rows = sample.rows if sample.rows is not None else rows_of_segments(segs)
+    stored, terminal = rows.num_stored, rows.terminal  # [B] M and terminal_at_end per sample
     t_pos = np.asarray(sample.positions, dtype=np.int64)
     ks = np.arange(k_steps + 1)
     i = t_pos[:, None] + ks[None, :]  # [B, K+1] unroll indices
@@ -137,16 +137,14 @@ def make_batch(
     # (clamped to M; unused ones are masked below) -- one gather for the whole batch
     obs_pos = np.minimum(t_pos[:, None] + np.arange(n_obs)[None, :], m)  # [B, n_obs]
     gather = np.concatenate([obs_pos, np.minimum(i + n, m)], axis=1)  # [B, n_obs + K+1]
-    steps = _StepGather(segs, t_pos)
-    rewards = steps.windows([sg.rewards for sg in steps.unique], width).astype(np.float64)  # [B, width]
-    step_actions, real = steps.windows([sg.actions for sg in steps.unique], k_steps, with_valid=True)
+    rewards = rows.windows("rewards", t_pos, width).astype(np.float64)  # [B, width]
+    step_actions, real = rows.windows("actions", t_pos, k_steps, with_valid=True)
     actions[real] = step_actions[real]  # random past the data (drawn above), else the stored actions
-    target_policy = steps.windows([sg.stats["child_visits"] for sg in steps.unique], k_steps + 1)
+    target_policy = rows.windows(STAT + "child_visits", t_pos, k_steps + 1)
     target_policy = target_policy.astype(np.float32, copy=False)
-    extras = {
-        name: steps.windows([sg.stats[name] for sg in steps.unique], k_steps + 1) for name in extra_stats
-    }
-    all_frames = steps.stacked_obs(gather)  # [B, n_obs + K+1, *obs_shape]
+    extras = {name: rows.windows(STAT + name, t_pos, k_steps + 1) for name in extra_stats}
+    frames = rows.stacked_obs(gather)  # [B, n_obs + K+1, frame_stack, *frame_shape]
+    all_frames = stack_frames(frames, frame_ndim=frames.ndim - 3)  # [B, n_obs + K+1, *obs_shape]
 
     in_data = i < m  # [B, K+1]
     windows = np.lib.stride_tricks.sliding_window_view(rewards, td, axis=1)[:, : k_steps + 1]  # [B, K+1, td]
@@ -176,55 +174,6 @@ def make_batch(
         make_time=sample.make_time,
         extras=extras,
     )
-
-
-class _StepGather:
-    """Batched reads of a sample's per-step arrays: each distinct segment's arrays are concatenated once
-    and every window is one fancy index (no per-sample Python loop); frames of segments in one
-    :class:`FrameStore` are read with one gather of frame ids."""
-
-    def __init__(self, segs, t_pos: np.ndarray):
-        index: dict[int, int] = {}
-        self.unique: list[GameSegment] = []
-        self.which = np.empty(len(segs), dtype=np.int64)  # [B] sample -> index into ``unique``
-        for b, seg in enumerate(segs):
-            j = index.get(id(seg))
-            if j is None:
-                j = index[id(seg)] = len(self.unique)
-                self.unique.append(seg)
-            self.which[b] = j
-        self.t_pos = t_pos  # [B]
-
-    def windows(self, arrays: list[np.ndarray], width: int, *, with_valid: bool = False):
-        """``arrays[j]`` [M_j, ...] per distinct segment -> [B, width, ...]: rows t..t+width-1 of each
-        sample's array, zero past its end (and the [B, width] bool mask of rows that exist)."""
-        lengths = np.fromiter((len(x) for x in arrays), dtype=np.int64, count=len(arrays))
-        offsets = np.cumsum(lengths) - lengths
-        n = lengths[self.which][:, None]  # [B, 1]
-        j = self.t_pos[:, None] + np.arange(width)[None, :]  # [B, width]
-        valid = j < n
-        out = np.concatenate(arrays)[offsets[self.which][:, None] + np.minimum(j, n - 1)]
-        out[~valid] = 0
-        return (out, valid) if with_valid else out
-
-    def stacked_obs(self, positions: np.ndarray) -> np.ndarray:
-        """Observation positions [B, P] (each 0..M of its segment) -> stacked observations [B, P, *obs]."""
-        first = self.unique[0].frames
-        fs = self.unique[0].frame_stack
-        window = np.arange(fs)
-        if isinstance(first, FrameRef) and all(
-            isinstance(sg.frames, FrameRef) and sg.frames.store is first.store for sg in self.unique
-        ):
-            ids = [sg.frames.ids for sg in self.unique]
-            lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
-            offsets = np.cumsum(lengths) - lengths
-            rows = offsets[self.which][:, None, None] + positions[:, :, None] + window  # [B, P, fs]
-            frames = first.store.get(np.concatenate(ids)[rows])  # [B, P, fs, *frame_shape]
-        else:  # frames held by the segments themselves (not pushed to a buffer)
-            frames = np.stack(
-                [self.unique[j].frames[positions[b][:, None] + window] for b, j in enumerate(self.which)]
-            )
-        return stack_frames(frames, frame_ndim=frames.ndim - 3)
 
 
 def reanalyze_positions(
