@@ -114,21 +114,22 @@ class StepRows:
     frames_of: Callable[[np.ndarray], np.ndarray]  # frame ids [...] -> frames [..., *frame_shape]
     frame_stack: int
 
-    def windows(self, name: str, t_pos: np.ndarray, width: int, *, with_valid: bool = False):
-        """Rows t..t+width-1 of each sample's column ``name`` -> [B, width, ...], zero past its end (and
-        the [B, width] bool mask of rows that exist)."""
-        col = self.columns(name)
-        n = self.num_stored[:, None]  # [B, 1]
-        j = t_pos[:, None] + np.arange(width)[None, :]  # [B, width]
-        valid = j < n
-        out = col[self.step0[:, None] + np.minimum(j, n - 1)]
+    def take(self, name: str, rows: np.ndarray, valid: np.ndarray) -> np.ndarray:
+        """Column ``name`` at ``rows`` [B, W] (see :func:`~muzero_tune.replay.target_kernels.window_rows`)
+        -> [B, W, ...], zero where ``valid`` [B, W] is False."""
+        out = self.columns(name)[rows]
         out[~valid] = 0
-        return (out, valid) if with_valid else out
+        return out
 
-    def stacked_obs(self, positions: np.ndarray) -> np.ndarray:
-        """Observation positions [B, P] (each 0..M of its segment) -> frames [B, P, frame_stack, *frame]."""
+    def stacked_obs(self, positions: np.ndarray, *, samples: np.ndarray | None = None) -> np.ndarray:
+        """Frame stacks at observation positions (each 0..M of its segment): ``positions`` [B, P] of every
+        sample -> [B, P, frame_stack, *frame]; or ``positions`` [N] of samples ``samples`` [N] ->
+        [N, frame_stack, *frame]."""
         window = np.arange(self.frame_stack)
-        rows = self.frame0[:, None, None] + positions[:, :, None] + window  # [B, P, fs]
+        if samples is None:
+            rows = self.frame0[:, None, None] + positions[:, :, None] + window  # [B, P, fs]
+        else:
+            rows = self.frame0[samples][:, None] + positions[:, None] + window  # [N, fs]
         return self.frames_of(self.frame_ids[rows])
 
 
