@@ -93,6 +93,9 @@ class ReplayBuffer:
         self._seg_idx = _Growable(np.int64)  # [N] global segment index
         self._pos = _Growable(np.int64)  # [N] position inside the segment
         self._priority = _Growable(np.float64)  # [N]
+        # [N] priority ** alpha, kept in step with _priority (each element is the same pow either way, so
+        # sampling reads the same probabilities without an O(N) pow per sample)
+        self._pri_alpha = _Growable(np.float64)
         self._frames = FrameDeduplicator()  # every frame stored once; segments hold FrameRefs
         self._seg_min_frame = _Growable(np.int64)  # [num_segments] oldest frame id each segment uses
         # per-step columns and frame ids of all segments (None until the first push; see _store_steps)
@@ -170,6 +173,7 @@ class ReplayBuffer:
             else:
                 pri = np.full(n, self.max_priority)
             self._priority.extend(pri)
+            self._pri_alpha.extend(self._priority.view[-n:] ** self.alpha)
             added += n
         self.pushed_transitions += added
         self.pushed_segments += len(segments)
@@ -248,6 +252,7 @@ class ReplayBuffer:
             self._seg_idx.drop_front(n_tr)
             self._pos.drop_front(n_tr)
             self._priority.drop_front(n_tr)
+            self._pri_alpha.drop_front(n_tr)
             self._seg_min_frame.drop_front(n_seg)
             for g in (self._seg_step0, self._seg_frame0, self._seg_stored, self._seg_terminal):
                 g.drop_front(n_seg)
@@ -274,7 +279,9 @@ class ReplayBuffer:
         pri = np.asarray(priorities, dtype=np.float64)
         if not np.all(np.isfinite(pri)):
             raise ValueError("priority write-back got a non-finite priority")
-        self._priority.view[np.asarray(flat_index)] = np.maximum(pri, 1e-8)
+        idx = np.asarray(flat_index)
+        self._priority.view[idx] = np.maximum(pri, 1e-8)
+        self._pri_alpha.view[idx] = self._priority.view[idx] ** self.alpha  # duplicates: the stored value
         return len(pri)
 
     # ------------------------------------------------------------------ sampling
@@ -284,7 +291,7 @@ class ReplayBuffer:
         n = self.num_transitions
         if not self.use_priority:
             return np.full(n, 1.0 / n)
-        p = self._priority.view**self.alpha
+        p = self._pri_alpha.view
         return p / p.sum()
 
     def sample(self, batch_size: int, rng: np.random.Generator) -> SampledIndices:
@@ -297,7 +304,7 @@ class ReplayBuffer:
         w = (n * probs[flat]) ** (-self.beta)
         w = (w / w.max()).astype(np.float32)
         seg_idx, pos = self.lookup(flat)
-        segs = tuple(self.segments[g - self.base_idx] for g in seg_idx)
+        segs = tuple(map(self.segments.__getitem__, (seg_idx - self.base_idx).tolist()))
         self.clock += 1
         rows = self._rows(seg_idx, segs[0].frame_stack)
         return SampledIndices(
@@ -360,6 +367,7 @@ class ReplayBuffer:
         segs = [GameSegment(**s) for s in state["segments"]]
         self.push(segs)
         self._priority.view[:] = state["priorities"]
+        self._pri_alpha.view[:] = self._priority.view**self.alpha
         for k in ("clock", "clear_time", "pushed_transitions", "evicted_transitions", "pushed_segments"):
             setattr(self, k, int(state[k]))
         # global indices continue where they were so no stale write-back can alias a new transition
