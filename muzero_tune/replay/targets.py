@@ -15,8 +15,11 @@ transitions (real + true-continuation padding) and observations 0..M.
   (discrete) or ``[B, K, D]`` float32 in [-1, 1] (continuous, ``action_dim`` = D > 0); past M uniform
   random (their targets are absorbing or masked).
 
-Bootstrap values come from ``value_fn`` (the target model, supplied by the policy): this module never
-imports torch and never mutates the buffer except through the explicit reanalyze write-back.
+Bootstrap values come from ``value_fn`` (the target model, supplied by the policy), called here or -- with
+``defer_bootstrap`` -- by the learner at the start of its step (:class:`Bootstrap`). The per-sample data is
+gathered from :class:`~muzero_tune.replay.steps.StepRows` (the buffer's column blocks) and the arithmetic
+runs in :mod:`~muzero_tune.replay.target_kernels`. This module never imports torch and never mutates the
+buffer except through the explicit reanalyze write-back.
 """
 
 from __future__ import annotations
