@@ -80,15 +80,21 @@ def main(argv: list[str] | None = None) -> None:
             fn()
         return (time.perf_counter() - t0) / n
 
-    def build():
+    def build():  # the driver's side of a batch: the bootstrap values are left to the learner's step
         s = core.buffer.sample(bs, core.rng)
-        core.policy.make_batch(s, target_model=core.learner.target_model, rng=core.rng)
+        core.policy.make_batch(s, target_model=core.learner.target_model, rng=core.rng, defer_bootstrap=True)
+
+    deferred = core.policy.make_batch(
+        core.buffer.sample(bs, core.rng), target_model=core.learner.target_model, rng=core.rng,
+        defer_bootstrap=True,
+    )  # fmt: skip
 
     variants = {
         "full": core.train_step,
         "bare": lambda: bare_step(model, opt, obs, actions, k),
         "fixed": loss_step,
         "targets": build,
+        "bootstrap": deferred.bootstrap.values,  # the target network's forward, at the learner step's start
     }
     # warm-up, then many short interleaved rounds: every variant sees the same machine load, and the
     # ratios are taken per round (the median and the spread say how much the shared machine moved them)
@@ -101,13 +107,14 @@ def main(argv: list[str] | None = None) -> None:
     med = {name: float(np.median(v)) for name, v in per_round.items()}
     eff = np.asarray(per_round["bare"]) / np.asarray(per_round["full"])
     eff_fixed = np.asarray(per_round["fixed"]) / np.asarray(per_round["full"])
-    f, b, x, t = med["full"], med["bare"], med["fixed"], med["targets"]
+    f, b, x, t, v = med["full"], med["bare"], med["fixed"], med["targets"], med["bootstrap"]
     print(f"preset={args.preset} batch={bs} K={k} model={cfg.model.kind} ssl={cfg.learn.ssl_loss_weight > 0}")
     print(f"  rounds={args.rounds} x {args.steps} steps per variant, interleaved; medians:")
     print(f"  full learner step     : {1e3 * f:8.2f} ms  -> {1 / f:7.1f} train steps/s")
     print(f"  bare forward+backward : {1e3 * b:8.2f} ms  -> {1 / b:7.1f} steps/s")
     print(f"  policy loss + backward on a fixed batch (SSL incl.): {1e3 * x:8.2f} ms")
-    print(f"  sample + targets (target-net bootstrap values incl.): {1e3 * t:8.2f} ms")
+    print(f"  sample + targets (the driver's side, bootstrap deferred): {1e3 * t:8.2f} ms")
+    print(f"  bootstrap values (target network, {len(deferred.bootstrap.obs)} positions): {1e3 * v:8.2f} ms")
     print(
         f"  learner efficiency (bare forward+backward / full): {np.median(eff):.2f} "
         f"(per-round min {eff.min():.2f}, max {eff.max():.2f})"

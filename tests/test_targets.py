@@ -10,7 +10,7 @@ import pytest
 
 from muzero_tune.replay.buffer import SampledIndices
 from muzero_tune.replay.segment import GameSegment
-from muzero_tune.replay.targets import make_batch, n_step_targets
+from muzero_tune.replay.targets import make_batch, n_step_targets, reanalyze_positions
 
 A = 2  # actions
 
@@ -476,3 +476,121 @@ def test_action_dim_must_match_the_stored_actions():
     with pytest.raises(ValueError, match="action_dim=0"):
         make_batch(sample_of([seg], [0]), num_unroll_steps=2, td_steps=2, discount=0.9, num_actions=2,
                    value_fn=lambda obs: np.zeros(len(obs), np.float32), rng=np.random.default_rng(0))
+
+
+# ---------------------------------------------------------------------------------------------- the fast path
+
+
+def numpy_value_targets(t_pos, stored, terminal, rewards, *, K: int, td: int, gamma: float):
+    """The numpy definitions make_batch used before its kernels (they must agree bit for bit)."""
+    i = t_pos[:, None] + np.arange(K + 1)[None, :]
+    m = stored[:, None]
+    n = np.clip(np.minimum(td, m - i), 0, None)
+    windows = np.lib.stride_tricks.sliding_window_view(rewards, td, axis=1)[:, : K + 1]
+    j = np.arange(td)
+    reward_sum = np.sum(windows * (gamma**j) * (j[None, None, :] < n[:, :, None]), axis=-1)
+    in_data = i < m
+    boot_ok = in_data & ~((i + n == m) & terminal[:, None])
+    step_in_data = i[:, :K] < m
+    masks = [in_data | terminal[:, None], in_data, i <= m, step_in_data | terminal[:, None]]
+    target_reward = (rewards[:, :K] * step_in_data).astype(np.float32)
+    return reward_sum, n, boot_ok, [x.astype(np.float32) for x in masks], target_reward
+
+
+@pytest.mark.parametrize("td", [1, 3, 8, 10, 50, 300])
+def test_value_target_kernel_equals_the_numpy_definition_bit_for_bit(td):
+    from muzero_tune.replay.target_kernels import value_targets
+
+    rng = np.random.default_rng(td)
+    B, K, gamma = 64, 5, 0.997
+    stored = rng.integers(1, td + K + 4, size=B)
+    t_pos = np.minimum(rng.integers(0, td + K + 4, size=B), stored - 1)
+    terminal = rng.random(B) < 0.5
+    # rewards of wildly different magnitudes, so a different summation order changes the last bits
+    rewards = rng.normal(size=(B, K + td)) * 10.0 ** rng.integers(-3, 4, size=(B, K + td))
+    rewards[np.arange(K + td)[None, :] >= (stored - t_pos)[:, None]] = 0.0  # zero past the data
+    reward_sum = np.empty((B, K + 1))
+    n = np.empty((B, K + 1), dtype=np.int64)
+    boot_ok = np.empty((B, K + 1), dtype=bool)
+    masks = np.zeros((4, B, K + 1), dtype=np.float32)
+    target_reward = np.zeros((B, K), dtype=np.float32)
+    n_boot = value_targets(t_pos, stored, terminal, rewards, gamma ** np.arange(td), td, reward_sum, n,
+                           boot_ok, masks, target_reward)  # fmt: skip
+    want = numpy_value_targets(t_pos, stored, terminal, rewards, K=K, td=td, gamma=gamma)
+    assert reward_sum.tobytes() == want[0].tobytes()  # bitwise, -0.0 included
+    np.testing.assert_array_equal(n, want[1])
+    np.testing.assert_array_equal(boot_ok, want[2])
+    assert n_boot == int(want[2].sum()) > 0
+    for got, exp in zip((masks[0], masks[1], masks[2], masks[3, :, :K]), want[3]):
+        np.testing.assert_array_equal(got, exp)
+    assert target_reward.tobytes() == want[4].tobytes()
+
+
+def test_buffer_rows_give_the_batch_the_segments_give_through_evictions_and_moves():
+    """Samples from the buffer's column blocks (rows) and the same samples gathered from the segments
+    themselves build identical batches, after the blocks moved and segments were evicted; the segments'
+    arrays stay their data; a reanalyze write-back into a segment is what the next batch reads."""
+    import dataclasses
+
+    from muzero_tune.replay.buffer import ReplayBuffer
+
+    rng = np.random.default_rng(3)
+    buf = ReplayBuffer(capacity_transitions=400)
+    originals = {}
+    for uid in range(1200):  # ~9,600 stored rows: the 4,096-row blocks move, old segments are evicted
+        seg = random_segment(rng, 3)
+        seg.stream_id, seg.policy_version = f"s{uid}", uid
+        originals[uid] = (seg.rewards.copy(), seg.actions.copy(), seg.stats["child_visits"].copy(),
+                          seg.frames.copy())  # fmt: skip
+        buf.push([seg])
+    assert buf.base_idx > 0 and buf._steps.moves > 0 and buf._ids.moves > 0
+    for seg in buf.segments:
+        r, a, v, f = originals[seg.policy_version]
+        np.testing.assert_array_equal(seg.rewards, r)
+        np.testing.assert_array_equal(seg.actions, a)
+        np.testing.assert_array_equal(seg.stats["child_visits"], v)
+        np.testing.assert_array_equal(seg.frames.materialize(), f)
+        # views of the blocks as they are now (a stale view would miss later write-backs)
+        assert np.shares_memory(seg.rewards, buf._steps.data["rewards"])
+        assert np.shares_memory(seg.stats["child_visits"], buf._steps.data["stats.child_visits"])
+        assert np.shares_memory(seg.frames.ids, buf._ids.data["ids"])
+
+    def batch(sample, **kw):
+        return make_batch(sample, num_unroll_steps=4, td_steps=5, discount=0.9, num_actions=3,
+                          value_fn=lambda o: o.sum(axis=1).astype(np.float32), rng=np.random.default_rng(1),
+                          **kw)  # fmt: skip
+
+    sample = buf.sample(128, rng)
+    assert sample.rows is not None
+    fast, slow = batch(sample), batch(dataclasses.replace(sample, rows=None))
+    for f in dataclasses.fields(fast):
+        if f.name != "extras":
+            np.testing.assert_array_equal(getattr(fast, f.name), getattr(slow, f.name), err_msg=f.name)
+    seg, t = sample.segments[0], int(sample.positions[0])
+    fresh = np.array([[0.25, 0.25, 0.5]], dtype=np.float32)
+    reanalyze_positions([seg], np.array([t]), span=1, reanalyze_fn=lambda o, m: fresh)
+    again = batch(sample)  # the same rows: the write-back went into the block through the segment's view
+    np.testing.assert_array_equal(again.target_policy[0, 0], fresh[0])
+
+
+def test_deferred_bootstrap_resolves_to_the_same_targets_with_one_call():
+    import dataclasses
+
+    from muzero_tune.replay.targets import resolve_bootstrap
+
+    rng = np.random.default_rng(7)
+    segs = [random_segment(rng, 2) for _ in range(30)]
+    pos = [int(rng.integers(0, s.num_real)) for s in segs]
+    value = RecordingValue()
+    kw = dict(num_unroll_steps=4, td_steps=3, discount=0.9, num_actions=3, value_fn=value)
+    now = make_batch(sample_of(segs, pos), rng=np.random.default_rng(1), **kw)
+    assert len(value.calls) == 1
+    later = make_batch(sample_of(segs, pos), rng=np.random.default_rng(1), defer_bootstrap=True, **kw)
+    assert len(value.calls) == 1 and np.isnan(later.target_value).all()
+    assert len(later.bootstrap.obs) == len(value.calls[0]) < 30 * 5  # only positions that need one
+    done = resolve_bootstrap(later)
+    assert len(value.calls) == 2 and done.bootstrap is None
+    np.testing.assert_array_equal(value.calls[1], value.calls[0])
+    for f in dataclasses.fields(now):
+        if f.name not in ("extras", "bootstrap"):
+            np.testing.assert_array_equal(getattr(done, f.name), getattr(now, f.name), err_msg=f.name)

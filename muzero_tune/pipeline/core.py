@@ -203,7 +203,8 @@ class DriverCore:
     # ------------------------------------------------------------------ learning
 
     def train_step(self) -> LearnOutput:
-        """Sample, build targets, one learner step, priority write-back."""
+        """Sample, build targets (the bootstrap values left to the learner's step), one learner step, priority
+        write-back."""
         lc, rc = self.cfg.learn, self.cfg.replay
         sample = self.buffer.sample(lc.batch_size, self.rng)
         batch = self.policy.make_batch(
@@ -211,6 +212,7 @@ class DriverCore:
             target_model=self.learner.target_model,
             rng=self.rng,
             reanalyze_count=int(lc.batch_size * rc.reanalyze_ratio),
+            defer_bootstrap=True,  # the target network's forward is the learner's work (targets.Bootstrap)
         )
         out = self.learner.train_step(batch)
         if rc.use_priority:

@@ -1,9 +1,12 @@
 """The learner: model, target model, optimizer, LR schedule, one train step, and its exact state.
 
 It owns the weights being trained and nothing else: batches come in (built by the driver from the replay
-buffer), priorities go out. ``state_dict()`` holds everything needed to continue exactly -- model,
-target model, optimizer, scheduler, train_iter and the RNG states of torch, numpy and Python -- and is
-loadable with ``torch.load(weights_only=True)``.
+buffer), priorities go out. A batch may leave its value targets' bootstrap term to the learner
+(``batch.bootstrap``): the step then starts with that one batched forward of the target network, on the
+learner's device -- network work belongs to the learner, the driver's thread keeps the bookkeeping.
+``state_dict()`` holds everything needed to continue exactly -- model, target model, optimizer, scheduler,
+train_iter and the RNG states of torch, numpy and Python -- and is loadable with
+``torch.load(weights_only=True)``.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import torch
 
 from muzero_tune.config import ConfigError, ExperimentConfig, LearnConfig
 from muzero_tune.policies.base import Policy
-from muzero_tune.replay.targets import TrainBatch
+from muzero_tune.replay.targets import TrainBatch, resolve_bootstrap
 
 
 def resolve_device(name: str) -> torch.device:
@@ -122,9 +125,11 @@ class Learner:
         self._scaler = torch.amp.GradScaler("cuda", enabled=self._amp and self._amp_dtype == torch.float16)
 
     def train_step(self, batch: TrainBatch) -> LearnOutput:
-        """One optimizer step on ``batch``; updates the target network per its schedule."""
+        """One optimizer step on ``batch`` (its deferred bootstrap values first, with the target network as
+        it is before this step's update); updates the target network per its schedule."""
         lc = self.cfg.learn
         t0 = time.perf_counter()
+        batch = resolve_bootstrap(batch)
         if not self.model.training:  # Module.train() walks every submodule: only when it changes
             self.model.train()
         with torch.autocast(self.device.type, dtype=self._amp_dtype, enabled=self._amp):

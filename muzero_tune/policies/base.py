@@ -123,8 +123,13 @@ class Policy(ABC):
         target_model: torch.nn.Module,
         rng: np.random.Generator,
         reanalyze_count: int = 0,
+        defer_bootstrap: bool = False,
     ) -> TrainBatch:
-        """Targets for a prioritized sample (bootstrap values from the target model)."""
+        """Targets for a prioritized sample (bootstrap values from the target model).
+
+        ``defer_bootstrap``: leave the target model's bootstrap values to the learner's step
+        (``batch.bootstrap``, see :class:`~muzero_tune.replay.targets.Bootstrap`; the driver passes True);
+        the values are the same, only who runs the target network's forward changes."""
 
     @abstractmethod
     def reanalyze(

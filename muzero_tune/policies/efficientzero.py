@@ -164,9 +164,12 @@ class EfficientZeroPolicy(MuZeroPolicy):
 
     # ---------------------------------------------------------------- targets
 
-    def make_batch(self, sample, *, target_model, rng, reanalyze_count=0) -> TrainBatch:
+    def make_batch(
+        self, sample, *, target_model, rng, reanalyze_count=0, defer_bootstrap=False
+    ) -> TrainBatch:
         batch = super().make_batch(
-            sample, target_model=target_model, rng=rng, reanalyze_count=reanalyze_count
+            sample, target_model=target_model, rng=rng, reanalyze_count=reanalyze_count,
+            defer_bootstrap=defer_bootstrap,
         )
         prefix = value_prefix_targets(batch.target_reward, self.horizon)
         return dataclasses.replace(batch, extras={**batch.extras, VALUE_PREFIX_KEY: prefix})

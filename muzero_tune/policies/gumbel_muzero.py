@@ -111,7 +111,9 @@ class GumbelMuZeroPolicy(MuZeroPolicy):
 
     # ---------------------------------------------------------------- targets
 
-    def make_batch(self, sample, *, target_model, rng, reanalyze_count=0) -> TrainBatch:
+    def make_batch(
+        self, sample, *, target_model, rng, reanalyze_count=0, defer_bootstrap=False
+    ) -> TrainBatch:
         rc = self.cfg.replay
         batch = make_batch(
             sample,
@@ -125,6 +127,7 @@ class GumbelMuZeroPolicy(MuZeroPolicy):
             reanalyze_count=reanalyze_count,
             reanalyze_fn=lambda o, m: self.reanalyze(target_model, o, m, rng),
             extra_stats=(IMPROVED_POLICY,),
+            defer_bootstrap=defer_bootstrap,
         )
         # the improved policy replaces the visit distribution as the policy target (zero where masked)
         return dataclasses.replace(batch, target_policy=batch.extras[IMPROVED_POLICY])

@@ -237,7 +237,9 @@ class MuZeroPolicy(Policy):
 
         return fn
 
-    def make_batch(self, sample, *, target_model, rng, reanalyze_count=0) -> TrainBatch:
+    def make_batch(
+        self, sample, *, target_model, rng, reanalyze_count=0, defer_bootstrap=False
+    ) -> TrainBatch:
         rc = self.cfg.replay
         return make_batch(
             sample,
@@ -252,6 +254,7 @@ class MuZeroPolicy(Policy):
             reanalyze_count=reanalyze_count,
             reanalyze_fn=lambda o, m: self.reanalyze(target_model, o, m, rng),
             extra_stats=self.batch_extra_stats(),
+            defer_bootstrap=defer_bootstrap,
         )
 
     def batch_extra_stats(self) -> tuple[str, ...]:

@@ -242,7 +242,9 @@ class MuZeroRNNFullObsPolicy(CarriedStatePolicy):
         g = row_of[rr]
         return hs[g, b[rr, kk] - grid.start[g]]
 
-    def make_batch(self, sample, *, target_model, rng, reanalyze_count=0) -> TrainBatch:
+    def make_batch(
+        self, sample, *, target_model, rng, reanalyze_count=0, defer_bootstrap=False
+    ) -> TrainBatch:
         rc = self.cfg.replay
         if reanalyze_count > 0:
             self._reanalyze_with_history(sample, reanalyze_count, target_model, rng)
@@ -255,6 +257,7 @@ class MuZeroRNNFullObsPolicy(CarriedStatePolicy):
             value_fn=self.history_value_fn(target_model, self._bootstrap_histories(sample, target_model)),
             rng=rng,
             all_obs=self.cfg.learn.ssl_loss_weight > 0,
+            defer_bootstrap=defer_bootstrap,
         )
         t = np.asarray(sample.positions, dtype=np.int64)
         grid = self.history_grid(sample.segments, t, t, min_slots=self.context_length)  # the roots' windows

@@ -86,7 +86,9 @@ class StochasticMuZeroPolicy(MuZeroPolicy):
 
     # ---------------------------------------------------------------- targets
 
-    def make_batch(self, sample, *, target_model, rng, reanalyze_count=0) -> TrainBatch:
+    def make_batch(
+        self, sample, *, target_model, rng, reanalyze_count=0, defer_bootstrap=False
+    ) -> TrainBatch:
         """MuZero targets plus the observations o_t..o_{t+K} (``all_obs=True``) for the chance encoder."""
         rc = self.cfg.replay
         return make_batch(
@@ -100,6 +102,7 @@ class StochasticMuZeroPolicy(MuZeroPolicy):
             all_obs=True,
             reanalyze_count=reanalyze_count,
             reanalyze_fn=lambda o, m: self.reanalyze(target_model, o, m, rng),
+            defer_bootstrap=defer_bootstrap,
         )
 
     # ---------------------------------------------------------------- loss

@@ -343,7 +343,9 @@ class UniZeroPolicy(MuZeroPolicy):
 
         return fn
 
-    def make_batch(self, sample, *, target_model, rng, reanalyze_count=0) -> TrainBatch:
+    def make_batch(
+        self, sample, *, target_model, rng, reanalyze_count=0, defer_bootstrap=False
+    ) -> TrainBatch:
         """MuZero's targets with all K+1 observations, plus ``extras[TARGET_LATENT]`` [B, K, E] float32:
         the target world model's tokens of o_{t+1}..o_{t+K} (the next-latent targets), computed here in
         the buffer owner like the bootstrap values."""
@@ -361,6 +363,7 @@ class UniZeroPolicy(MuZeroPolicy):
             reanalyze_count=reanalyze_count,
             reanalyze_fn=lambda o, m: self.reanalyze(target_model, o, m, rng),
             extra_stats=self.batch_extra_stats(),
+            defer_bootstrap=defer_bootstrap,
         )
         dev = self._device(target_model)
         with eval_mode(target_model):

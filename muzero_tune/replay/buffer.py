@@ -9,6 +9,11 @@ segments, in order: segment global index, position in segment, priority. A segme
 transition until that transition is evicted. Padding transitions are never indexed: they exist only as
 targets of the real ones.
 
+Storage: frames are stored once (:mod:`~muzero_tune.replay.frames`); each segment's per-step arrays
+(rewards, actions, stats) and frame ids are copied on push into contiguous column blocks
+(:mod:`~muzero_tune.replay.steps`) and the segment's arrays become views of them, so a sample carries
+:class:`~muzero_tune.replay.steps.StepRows` and its targets are gathered without per-sample Python.
+
 Time: a logical clock ticks on every sample and every eviction. A sample records ``make_time``; an
 eviction records ``clear_time``. A priority write-back whose ``make_time`` is older than the last
 eviction is dropped whole, since its flat indices may have shifted.
@@ -22,6 +27,7 @@ import numpy as np
 
 from muzero_tune.replay.frames import FrameDeduplicator, FrameRef
 from muzero_tune.replay.segment import GameSegment
+from muzero_tune.replay.steps import STAT, ColumnStore, StepRows, column_signature, segment_columns
 
 
 @dataclass(frozen=True)
@@ -33,6 +39,9 @@ class SampledIndices:
     positions: np.ndarray  # [B] int64, real position inside each segment
     weights: np.ndarray  # [B] float32, importance weights (N * P(i))^-beta / max over the batch
     make_time: int
+    # where the samples' per-step data lives in the buffer's column blocks (None: gather from the segments);
+    # valid until the next push
+    rows: StepRows | None = None
 
 
 class _Growable:
@@ -84,8 +93,19 @@ class ReplayBuffer:
         self._seg_idx = _Growable(np.int64)  # [N] global segment index
         self._pos = _Growable(np.int64)  # [N] position inside the segment
         self._priority = _Growable(np.float64)  # [N]
+        # [N] priority ** alpha, kept in step with _priority (each element is the same pow either way, so
+        # sampling reads the same probabilities without an O(N) pow per sample)
+        self._pri_alpha = _Growable(np.float64)
         self._frames = FrameDeduplicator()  # every frame stored once; segments hold FrameRefs
         self._seg_min_frame = _Growable(np.int64)  # [num_segments] oldest frame id each segment uses
+        # per-step columns and frame ids of all segments (None until the first push; see _store_steps)
+        self._steps: ColumnStore | None = None
+        self._ids: ColumnStore | None = None
+        self._flat = True  # False once a segment's columns did not fit the store: gather from segments
+        self._seg_step0 = _Growable(np.int64)  # [num_segments] global row of position 0 in _steps
+        self._seg_frame0 = _Growable(np.int64)  # [num_segments] global row of frames[0]'s id in _ids
+        self._seg_stored = _Growable(np.int64)  # [num_segments] M
+        self._seg_terminal = _Growable(np.bool_)  # [num_segments] terminal_at_end
         self.base_idx = 0  # segments evicted so far
         self.clock = 0
         self.clear_time = 0
@@ -141,6 +161,7 @@ class ReplayBuffer:
             gidx = self.base_idx + len(self.segments)
             seg.frames = self._frames.add(seg)
             self._seg_min_frame.extend(np.array([seg.frames.ids.min()], dtype=np.int64))
+            self._store_steps(seg)
             self.segments.append(seg)
             n = seg.num_real
             self._seg_idx.extend(np.full(n, gidx, dtype=np.int64))
@@ -152,11 +173,73 @@ class ReplayBuffer:
             else:
                 pri = np.full(n, self.max_priority)
             self._priority.extend(pri)
+            self._pri_alpha.extend(self._priority.view[-n:] ** self.alpha)
             added += n
         self.pushed_transitions += added
         self.pushed_segments += len(segments)
         self.evict_to_fit()
         return added
+
+    def _store_steps(self, seg: GameSegment) -> None:
+        """Copy a segment's per-step arrays and frame ids into the column blocks; point the segment at them.
+
+        Segments whose columns differ from the first segment's (names, dtypes, trailing shapes) switch the
+        buffer to gathering from the segments themselves (the same values, per-sample work)."""
+        cols = segment_columns(seg)
+        if self._steps is None and self._flat:
+            self._steps = ColumnStore(column_signature(cols), on_move=self._repoint_steps)
+            self._ids = ColumnStore(column_signature({"ids": seg.frames.ids}), on_move=self._repoint_frames)
+        if self._flat and column_signature(cols) != self._steps.signature:
+            self._flat = False
+        if self._flat:
+            step0 = self._steps.append(cols)
+            frame0 = self._ids.append({"ids": seg.frames.ids})
+            self._point_steps(seg, step0)
+            self._point_frames(seg, frame0)
+        else:
+            step0 = frame0 = -1
+        self._seg_step0.extend(np.array([step0], dtype=np.int64))
+        self._seg_frame0.extend(np.array([frame0], dtype=np.int64))
+        self._seg_stored.extend(np.array([seg.num_stored], dtype=np.int64))
+        self._seg_terminal.extend(np.array([seg.terminal_at_end], dtype=np.bool_))
+
+    def _point_steps(self, seg: GameSegment, step0: int) -> None:
+        m, st = seg.num_stored, self._steps
+        seg.rewards = st.view("rewards", step0, m)
+        seg.actions = st.view("actions", step0, m)
+        for name in seg.stats:
+            seg.stats[name] = st.view(STAT + name, step0, m)
+
+    def _point_frames(self, seg: GameSegment, frame0: int) -> None:
+        seg.frames = FrameRef(seg.frames.store, self._ids.view("ids", frame0, len(seg.frames)))
+
+    def _repoint_steps(self) -> None:
+        """The step block moved: every stored segment's arrays become views of the new block."""
+        if self._flat:
+            for seg, step0 in zip(self.segments, self._seg_step0.view):
+                self._point_steps(seg, int(step0))
+
+    def _repoint_frames(self) -> None:
+        if self._flat:
+            for seg, frame0 in zip(self.segments, self._seg_frame0.view):
+                self._point_frames(seg, int(frame0))
+
+    def _rows(self, seg_idx: np.ndarray, frame_stack: int) -> StepRows | None:
+        """StepRows of samples in segments ``seg_idx`` [B] (global indices), or None without the blocks."""
+        if not self._flat or self._steps is None:
+            return None
+        li = seg_idx - self.base_idx
+        steps, ids = self._steps, self._ids
+        return StepRows(
+            columns=steps.data.__getitem__,
+            step0=self._seg_step0.view[li] - steps.base,
+            num_stored=self._seg_stored.view[li],
+            terminal=self._seg_terminal.view[li],
+            frame_ids=ids.data["ids"],
+            frame0=self._seg_frame0.view[li] - ids.base,
+            frames_of=self._frames.store.get,
+            frame_stack=frame_stack,
+        )
 
     def evict_to_fit(self) -> int:
         """Drop oldest whole segments until real transitions <= capacity. Returns transitions evicted."""
@@ -169,7 +252,14 @@ class ReplayBuffer:
             self._seg_idx.drop_front(n_tr)
             self._pos.drop_front(n_tr)
             self._priority.drop_front(n_tr)
+            self._pri_alpha.drop_front(n_tr)
             self._seg_min_frame.drop_front(n_seg)
+            for g in (self._seg_step0, self._seg_frame0, self._seg_stored, self._seg_terminal):
+                g.drop_front(n_seg)
+            if self._steps is not None:
+                live = bool(self.segments)
+                self._steps.free_below(int(self._seg_step0.view[0]) if live else self._steps.hi)
+                self._ids.free_below(int(self._seg_frame0.view[0]) if live else self._ids.hi)
             store = self._frames.store
             mins = self._seg_min_frame.view
             store.free_below(int(mins.min()) if len(mins) else store.hi)
@@ -189,7 +279,9 @@ class ReplayBuffer:
         pri = np.asarray(priorities, dtype=np.float64)
         if not np.all(np.isfinite(pri)):
             raise ValueError("priority write-back got a non-finite priority")
-        self._priority.view[np.asarray(flat_index)] = np.maximum(pri, 1e-8)
+        idx = np.asarray(flat_index)
+        self._priority.view[idx] = np.maximum(pri, 1e-8)
+        self._pri_alpha.view[idx] = self._priority.view[idx] ** self.alpha  # duplicates: the stored value
         return len(pri)
 
     # ------------------------------------------------------------------ sampling
@@ -199,7 +291,7 @@ class ReplayBuffer:
         n = self.num_transitions
         if not self.use_priority:
             return np.full(n, 1.0 / n)
-        p = self._priority.view**self.alpha
+        p = self._pri_alpha.view
         return p / p.sum()
 
     def sample(self, batch_size: int, rng: np.random.Generator) -> SampledIndices:
@@ -212,9 +304,12 @@ class ReplayBuffer:
         w = (n * probs[flat]) ** (-self.beta)
         w = (w / w.max()).astype(np.float32)
         seg_idx, pos = self.lookup(flat)
-        segs = tuple(self.segments[g - self.base_idx] for g in seg_idx)
+        segs = tuple(map(self.segments.__getitem__, (seg_idx - self.base_idx).tolist()))
         self.clock += 1
-        return SampledIndices(flat_index=flat, segments=segs, positions=pos, weights=w, make_time=self.clock)
+        rows = self._rows(seg_idx, segs[0].frame_stack)
+        return SampledIndices(
+            flat_index=flat, segments=segs, positions=pos, weights=w, make_time=self.clock, rows=rows
+        )
 
     def sample_oldest(
         self, count: int, partition: float, rng: np.random.Generator
@@ -272,6 +367,7 @@ class ReplayBuffer:
         segs = [GameSegment(**s) for s in state["segments"]]
         self.push(segs)
         self._priority.view[:] = state["priorities"]
+        self._pri_alpha.view[:] = self._priority.view**self.alpha
         for k in ("clock", "clear_time", "pushed_transitions", "evicted_transitions", "pushed_segments"):
             setattr(self, k, int(state[k]))
         # global indices continue where they were so no stale write-back can alias a new transition

@@ -15,12 +15,16 @@ transitions (real + true-continuation padding) and observations 0..M.
   (discrete) or ``[B, K, D]`` float32 in [-1, 1] (continuous, ``action_dim`` = D > 0); past M uniform
   random (their targets are absorbing or masked).
 
-Bootstrap values come from ``value_fn`` (the target model, supplied by the policy): this module never
-imports torch and never mutates the buffer except through the explicit reanalyze write-back.
+Bootstrap values come from ``value_fn`` (the target model, supplied by the policy), called here or -- with
+``defer_bootstrap`` -- by the learner at the start of its step (:class:`Bootstrap`). The per-sample data is
+gathered from :class:`~muzero_tune.replay.steps.StepRows` (the buffer's column blocks) and the arithmetic
+runs in :mod:`~muzero_tune.replay.target_kernels`. This module never imports torch and never mutates the
+buffer except through the explicit reanalyze write-back.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -28,12 +32,40 @@ import numpy as np
 
 from muzero_tune.envs.spec import random_actions, stack_frames
 from muzero_tune.replay.buffer import SampledIndices
-from muzero_tune.replay.frames import FrameRef
 from muzero_tune.replay.segment import GameSegment
+from muzero_tune.replay.steps import STAT, rows_of_segments
+from muzero_tune.replay.target_kernels import value_targets, window_rows
 
 ValueFn = Callable[[np.ndarray], np.ndarray]  # stacked obs [N, *obs_shape] -> value [N] float32
 # obs [N, ...], legal [N, A] -> visits [N, A], or {stat name: [N, ...]} to write back
 ReanalyzeFn = Callable[[np.ndarray, np.ndarray], "np.ndarray | dict[str, np.ndarray]"]
+
+
+@dataclass(frozen=True)
+class Bootstrap:
+    """The bootstrap term of a batch's n-step value targets: z = reward_sum + gamma^n * v_target(o_{i+n}),
+    for the N unroll positions that have one (inside the data, not bootstrapping from a terminal state).
+
+    Why the learner evaluates it, not the driver's bookkeeping: v_target is a forward pass of the learner's
+    target network on the learner's device -- the same kind of work as the train step, and it gets faster
+    with the learner's accelerator, while the driver's gathers do not. Left here it is one batched call over
+    exactly the N positions that need it; the driver's thread keeps only CPU bookkeeping. The values are the
+    same either way: the target network only changes at the end of a train step, after this batch's targets.
+    """
+
+    obs: np.ndarray  # [N, *obs_shape] stacked bootstrap observations o_{i+n}, row-major over (b, k)
+    flat_index: np.ndarray  # [N] int64, b * (K+1) + k: where each value goes in target_value
+    scale: np.ndarray  # [N] float64, gamma^n
+    reward_sum: np.ndarray  # [B, K+1] float64, discounted reward sums (the whole target where N misses)
+    value_fn: ValueFn  # the target network's values (bound by the policy to the learner's target model)
+
+    def values(self) -> np.ndarray:
+        """The value targets [B, K+1] float32 (calls ``value_fn`` once, when N > 0)."""
+        if len(self.flat_index) == 0:
+            return self.reward_sum.astype(np.float32)
+        target = self.reward_sum.copy()
+        target.reshape(-1)[self.flat_index] += self.scale * self.value_fn(self.obs)
+        return target.astype(np.float32)
 
 
 @dataclass(frozen=True)
@@ -53,10 +85,20 @@ class TrainBatch:
     flat_index: np.ndarray  # [B] int64
     make_time: int
     extras: dict[str, np.ndarray] = field(default_factory=dict)
+    # the value targets' bootstrap term when left to the learner (make_batch(defer_bootstrap=True)): until
+    # resolve_bootstrap(batch) runs, target_value is NaN
+    bootstrap: Bootstrap | None = None
 
     @property
     def batch_size(self) -> int:
         return int(self.actions.shape[0])
+
+
+def resolve_bootstrap(batch: TrainBatch) -> TrainBatch:
+    """``batch`` with its value targets complete (a no-op for a batch built without deferring)."""
+    if batch.bootstrap is None:
+        return batch
+    return dataclasses.replace(batch, target_value=batch.bootstrap.values(), bootstrap=None)
 
 
 def n_step_targets(
@@ -92,6 +134,7 @@ def make_batch(
     reanalyze_fn: ReanalyzeFn | None = None,
     extra_stats: tuple[str, ...] = (),
     action_dim: int = 0,
+    defer_bootstrap: bool = False,
 ) -> TrainBatch:
     """Build the targets of a prioritized sample (vectorised over the batch; :func:`n_step_targets` is the
     per-element definition it must agree with).
@@ -103,7 +146,9 @@ def make_batch(
     policy, chance codes) gathered at t..t+K into ``extras[name]`` [B, K+1, ...], zero past the stored data
     (``policy_mask`` says where they are real). ``action_dim``: 0 for discrete actions (``num_actions``
     indices, ``actions`` [B, K] int64); D > 0 for continuous ones (``actions`` [B, K, D] float32 -- pass
-    ``EnvSpec.action_dim``).
+    ``EnvSpec.action_dim``). ``defer_bootstrap``: leave the bootstrap values to whoever trains on the batch
+    (``batch.bootstrap``, resolved by :func:`resolve_bootstrap`; ``target_value`` is NaN until then) instead
+    of calling ``value_fn`` here.
     """
     k_steps, td = num_unroll_steps, td_steps
     bsz = len(sample.positions)
@@ -126,105 +171,60 @@ def make_batch(
             f"make_batch: segments store actions of shape [M, *{stored_shape}] but action_dim={action_dim} "
             f"asks for [M, *{actions.shape[2:]}] (pass action_dim=EnvSpec.action_dim)"
         )
-    stored = np.fromiter((s.num_stored for s in segs), dtype=np.int64, count=bsz)  # M per sample
-    terminal = np.fromiter((s.terminal_at_end for s in segs), dtype=bool, count=bsz)
+    rows = sample.rows if sample.rows is not None else rows_of_segments(segs)
+    stored, terminal = rows.num_stored, rows.terminal  # [B] M and terminal_at_end per sample
     t_pos = np.asarray(sample.positions, dtype=np.int64)
-    ks = np.arange(k_steps + 1)
-    i = t_pos[:, None] + ks[None, :]  # [B, K+1] unroll indices
-    m = stored[:, None]
-    n = np.clip(np.minimum(td, m - i), 0, None)  # [B, K+1] reward terms per value target
-    # observation positions to gather per sample: the unrolled observations, then each bootstrap observation
-    # (clamped to M; unused ones are masked below) -- one gather for the whole batch
-    obs_pos = np.minimum(t_pos[:, None] + np.arange(n_obs)[None, :], m)  # [B, n_obs]
-    gather = np.concatenate([obs_pos, np.minimum(i + n, m)], axis=1)  # [B, n_obs + K+1]
-    steps = _StepGather(segs, t_pos)
-    rewards = steps.windows([sg.rewards for sg in steps.unique], width).astype(np.float64)  # [B, width]
-    step_actions, real = steps.windows([sg.actions for sg in steps.unique], k_steps, with_valid=True)
+    # one window of column rows t..t+K+td-1 per sample; actions use its first K, policies its first K+1
+    win_rows = np.empty((bsz, width), dtype=np.int64)
+    win_valid = np.empty((bsz, width), dtype=bool)
+    window_rows(t_pos, rows.step0, stored, width, win_rows, win_valid)
+    rewards = rows.take("rewards", win_rows, win_valid).astype(np.float64)  # [B, width]
+    step_actions = rows.take("actions", win_rows[:, :k_steps], win_valid[:, :k_steps])
+    real = win_valid[:, :k_steps]
     actions[real] = step_actions[real]  # random past the data (drawn above), else the stored actions
-    target_policy = steps.windows([sg.stats["child_visits"] for sg in steps.unique], k_steps + 1)
-    target_policy = target_policy.astype(np.float32, copy=False)
-    extras = {
-        name: steps.windows([sg.stats[name] for sg in steps.unique], k_steps + 1) for name in extra_stats
-    }
-    all_frames = steps.stacked_obs(gather)  # [B, n_obs + K+1, *obs_shape]
+    pol_rows, pol_valid = win_rows[:, : k_steps + 1], win_valid[:, : k_steps + 1]
+    target_policy = rows.take(STAT + "child_visits", pol_rows, pol_valid).astype(np.float32, copy=False)
+    extras = {name: rows.take(STAT + name, pol_rows, pol_valid) for name in extra_stats}
 
-    in_data = i < m  # [B, K+1]
-    windows = np.lib.stride_tricks.sliding_window_view(rewards, td, axis=1)[:, : k_steps + 1]  # [B, K+1, td]
-    j = np.arange(td)
-    reward_sum = np.sum(windows * (discount**j) * (j[None, None, :] < n[:, :, None]), axis=-1)
-    boot_ok = in_data & ~((i + n == m) & terminal[:, None])
-    target_value = reward_sum
-    if boot_ok.any():
-        values = value_fn(all_frames[:, n_obs:][boot_ok])
-        target_value = reward_sum.copy()
-        target_value[boot_ok] += (discount ** n[boot_ok]) * values
-    value_mask = in_data | terminal[:, None]
-    step_in_data = i[:, :k_steps] < m
-    reward_mask = step_in_data | terminal[:, None]
+    reward_sum = np.empty((bsz, k_steps + 1), dtype=np.float64)
+    n = np.empty((bsz, k_steps + 1), dtype=np.int64)  # [B, K+1] reward terms per value target
+    boot_ok = np.empty((bsz, k_steps + 1), dtype=bool)
+    masks = np.zeros((4, bsz, k_steps + 1), dtype=np.float32)  # value, policy, obs, reward masks
+    target_reward = np.zeros((bsz, k_steps), dtype=np.float32)
+    gamma_pow = discount ** np.arange(td)  # numpy's powers, as the numpy definition had them
+    value_targets(
+        t_pos, stored, terminal, rewards, gamma_pow, td, reward_sum, n, boot_ok, masks, target_reward
+    )
+    # unrolled observations at t..t+n_obs-1 clamped to M, and only the bootstrap observations that are used
+    obs_pos = np.minimum(t_pos[:, None] + np.arange(n_obs)[None, :], stored[:, None])  # [B, n_obs]
+    frames = rows.stacked_obs(obs_pos)  # [B, n_obs, frame_stack, *frame_shape]
+    boot_b, boot_k = np.nonzero(boot_ok)  # row-major, the order value_fn has always been asked in
+    boot_n = n[boot_b, boot_k]
+    boot_frames = rows.stacked_obs(t_pos[boot_b] + boot_k + boot_n, samples=boot_b)  # [N, fs, *frame]
+    bootstrap = Bootstrap(
+        obs=stack_frames(boot_frames, frame_ndim=boot_frames.ndim - 2),
+        flat_index=boot_b * (k_steps + 1) + boot_k,
+        scale=discount**boot_n,
+        reward_sum=reward_sum,
+        value_fn=value_fn,
+    )
+    deferred = defer_bootstrap and len(boot_b) > 0
     return TrainBatch(
-        obs=np.ascontiguousarray(all_frames[:, :n_obs]),
+        obs=stack_frames(frames, frame_ndim=frames.ndim - 3),
         actions=actions,
-        target_value=target_value.astype(np.float32),
-        target_reward=(rewards[:, :k_steps] * step_in_data).astype(np.float32),
+        target_value=np.full_like(reward_sum, np.nan, dtype=np.float32) if deferred else bootstrap.values(),
+        target_reward=target_reward,
         target_policy=target_policy,
-        value_mask=value_mask.astype(np.float32),
-        reward_mask=reward_mask.astype(np.float32),
-        policy_mask=in_data.astype(np.float32),
-        obs_mask=(i <= m).astype(np.float32),
+        value_mask=masks[0],
+        reward_mask=np.ascontiguousarray(masks[3, :, :k_steps]),
+        policy_mask=masks[1],
+        obs_mask=masks[2],
+        bootstrap=bootstrap if deferred else None,
         weights=sample.weights,
         flat_index=sample.flat_index,
         make_time=sample.make_time,
         extras=extras,
     )
-
-
-class _StepGather:
-    """Batched reads of a sample's per-step arrays: each distinct segment's arrays are concatenated once
-    and every window is one fancy index (no per-sample Python loop); frames of segments in one
-    :class:`FrameStore` are read with one gather of frame ids."""
-
-    def __init__(self, segs, t_pos: np.ndarray):
-        index: dict[int, int] = {}
-        self.unique: list[GameSegment] = []
-        self.which = np.empty(len(segs), dtype=np.int64)  # [B] sample -> index into ``unique``
-        for b, seg in enumerate(segs):
-            j = index.get(id(seg))
-            if j is None:
-                j = index[id(seg)] = len(self.unique)
-                self.unique.append(seg)
-            self.which[b] = j
-        self.t_pos = t_pos  # [B]
-
-    def windows(self, arrays: list[np.ndarray], width: int, *, with_valid: bool = False):
-        """``arrays[j]`` [M_j, ...] per distinct segment -> [B, width, ...]: rows t..t+width-1 of each
-        sample's array, zero past its end (and the [B, width] bool mask of rows that exist)."""
-        lengths = np.fromiter((len(x) for x in arrays), dtype=np.int64, count=len(arrays))
-        offsets = np.cumsum(lengths) - lengths
-        n = lengths[self.which][:, None]  # [B, 1]
-        j = self.t_pos[:, None] + np.arange(width)[None, :]  # [B, width]
-        valid = j < n
-        out = np.concatenate(arrays)[offsets[self.which][:, None] + np.minimum(j, n - 1)]
-        out[~valid] = 0
-        return (out, valid) if with_valid else out
-
-    def stacked_obs(self, positions: np.ndarray) -> np.ndarray:
-        """Observation positions [B, P] (each 0..M of its segment) -> stacked observations [B, P, *obs]."""
-        first = self.unique[0].frames
-        fs = self.unique[0].frame_stack
-        window = np.arange(fs)
-        if isinstance(first, FrameRef) and all(
-            isinstance(sg.frames, FrameRef) and sg.frames.store is first.store for sg in self.unique
-        ):
-            ids = [sg.frames.ids for sg in self.unique]
-            lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
-            offsets = np.cumsum(lengths) - lengths
-            rows = offsets[self.which][:, None, None] + positions[:, :, None] + window  # [B, P, fs]
-            frames = first.store.get(np.concatenate(ids)[rows])  # [B, P, fs, *frame_shape]
-        else:  # frames held by the segments themselves (not pushed to a buffer)
-            frames = np.stack(
-                [self.unique[j].frames[positions[b][:, None] + window] for b, j in enumerate(self.which)]
-            )
-        return stack_frames(frames, frame_ndim=frames.ndim - 3)
 
 
 def reanalyze_positions(
