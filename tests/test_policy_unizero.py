@@ -330,9 +330,9 @@ def driver_calls(monkeypatch):
         UniZeroPolicy.compute_loss,
     )
 
-    def mb(self, sample, *, target_model, rng, reanalyze_count=0):
+    def mb(self, sample, *, target_model, rng, **kw):
         calls["make_batch"].append((os.getpid(), target_model))
-        return make_batch(self, sample, target_model=target_model, rng=rng, reanalyze_count=reanalyze_count)
+        return make_batch(self, sample, target_model=target_model, rng=rng, **kw)
 
     def ra(self, target_model, obs, legal_mask, rng):
         calls["reanalyze"].append((os.getpid(), target_model))

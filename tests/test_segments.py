@@ -372,7 +372,7 @@ class RandomUnitPolicy(Policy):
             predicted_value=np.zeros(b, np.float32),
         )
 
-    def make_batch(self, sample, *, target_model, rng, reanalyze_count=0):
+    def make_batch(self, sample, *, target_model, rng, reanalyze_count=0, defer_bootstrap=False):
         raise NotImplementedError
 
     def reanalyze(self, target_model, obs, legal_mask, rng):

@@ -148,7 +148,7 @@ class UnitActionPolicy(Policy):
                  "root_value": zeros, "legal_mask": legal_mask}
         return ActOutput(actions=actions, step_stats=stats, root_value=zeros, predicted_value=zeros)
 
-    def make_batch(self, sample, *, target_model, rng, reanalyze_count=0):
+    def make_batch(self, sample, *, target_model, rng, reanalyze_count=0, defer_bootstrap=False):
         rc = self.cfg.replay
         return make_batch(sample, num_unroll_steps=rc.num_unroll_steps, td_steps=rc.td_steps,
                           discount=0.97, num_actions=self.spec.num_actions, action_dim=self.spec.action_dim,
