@@ -221,14 +221,14 @@ def fit_one_trial(cfg, storage_path):
     return results[0]
 
 
-def trial_checkpoint(result) -> dict:
-    """The newest checkpoint of a Tune ``result``: the dict ``torch.load`` reads from the trainable's file."""
-    import torch
-
+def trial_policy(result):
+    """Load the newest checkpoint of a Tune ``result``: ``(cfg, policy, model, checkpoint dict)`` as
+    :func:`muzero_tune.pipeline.checkpoint.load_policy` returns them."""
+    from muzero_tune.pipeline.checkpoint import load_policy
     from muzero_tune.tune.trainable import CHECKPOINT_FILE
 
     with result.checkpoint.as_directory() as d:
-        return torch.load(os.path.join(d, CHECKPOINT_FILE), weights_only=True)
+        return load_policy(os.path.join(d, CHECKPOINT_FILE))
 
 
 def set_args(overrides: dict) -> list[str]:

@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from conftest import fit_one_trial, trial_checkpoint
+from conftest import fit_one_trial, trial_policy
 
 from muzero_tune.config import make_config
 from muzero_tune.envs.factory import env_spec
@@ -309,6 +309,6 @@ def test_one_trial_tune_run(ray_cluster, tmp_path):
     cfg = make_config("cartpole_efficientzero", overrides={**SMALL, "tune.storage_path": str(tmp_path)})
     result = fit_one_trial(cfg, tmp_path)
     assert result.metrics["envstep"] >= 400 and result.metrics["train_iter"] > 0
-    ckpt = trial_checkpoint(result)
+    *_, ckpt = trial_policy(result)
     assert ckpt["config"]["policy.type"] == "efficientzero"
     assert any(k.startswith("value_prefix_head.") for k in ckpt["evaluated"]["weights"])

@@ -11,7 +11,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from conftest import fit_one_trial
+from conftest import fit_one_trial, trial_policy
 
 from muzero_tune.config import make_config
 from muzero_tune.mcts.gumbel import GumbelMuZeroSearch
@@ -398,11 +398,8 @@ def test_short_async_run(run_async, tmp_path):
 
 
 def test_one_trial_tune_run(ray_cluster, tmp_path):
-    from muzero_tune.tune.trainable import CHECKPOINT_FILE
-
     cfg = make_config(PRESET, overrides={**SMALL, "tune.storage_path": str(tmp_path)})
     result = fit_one_trial(cfg, tmp_path)
     assert result.metrics["train_iter"] > 0
-    with result.checkpoint.as_directory() as d:
-        cfg2, policy, model, ckpt = load_policy(os.path.join(d, CHECKPOINT_FILE))
+    cfg2, policy, model, ckpt = trial_policy(result)
     assert cfg2.policy.type == "gumbel_muzero" and ckpt["evaluated"]["weights"]

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import fit_one_trial, trial_checkpoint
+from conftest import fit_one_trial, trial_policy
 
 from muzero_tune.config import make_config
 from muzero_tune.mcts.reference import reference_search
@@ -349,5 +349,5 @@ def test_one_trial_tune_run(ray_cluster, tmp_path):
     cfg = make_config(PRESET, overrides={**SMALL, "tune.storage_path": str(tmp_path)})
     result = fit_one_trial(cfg, tmp_path)
     assert result.metrics["envstep"] >= 400 and result.metrics["train_iter"] > 0
-    ckpt = trial_checkpoint(result)
+    *_, ckpt = trial_policy(result)
     assert ckpt["config"]["policy.type"] == "muzero_rnn_full_obs"

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import fit_one_trial
+from conftest import fit_one_trial, trial_policy
 
 from muzero_tune.config import ConfigError, make_config
 from muzero_tune.pipeline.checkpoint import latest_checkpoint, load_policy
@@ -222,13 +222,10 @@ def test_short_async_run_on_pendulum(run_async, tmp_path):
 
 
 def test_one_trial_tune_run_on_pendulum(ray_cluster, tmp_path):
-    from muzero_tune.tune.trainable import CHECKPOINT_FILE
-
     cfg = make_config("pendulum_sampled_muzero", overrides={**SMALL, "tune.storage_path": str(tmp_path)})
     result = fit_one_trial(cfg, tmp_path)
     assert result.metrics["train_iter"] > 0
-    with result.checkpoint.as_directory() as d:
-        cfg2, policy, model, ckpt = load_policy(os.path.join(d, CHECKPOINT_FILE))
+    cfg2, policy, model, ckpt = trial_policy(result)
     assert cfg2.policy.type == "sampled_muzero" and cfg2.env.env_id == "Pendulum-v1"
     evaluator = Evaluator(cfg2, policy, policy.spec, seed=cfg2.seed + EVAL_SEED_OFFSET)
     res = evaluator.evaluate(model, policy_version=ckpt["evaluated"]["version"])

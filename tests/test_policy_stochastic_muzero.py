@@ -10,7 +10,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from conftest import fit_one_trial, trial_checkpoint
+from conftest import fit_one_trial, trial_policy
 
 from muzero_tune.config import make_config
 from muzero_tune.envs.factory import env_spec, make_env, validate_env_id
@@ -394,6 +394,6 @@ def test_one_trial_tune_run(ray_cluster, tmp_path):
     cfg = make_config(PRESET, overrides={**SMALL, "tune.storage_path": str(tmp_path)})
     result = fit_one_trial(cfg, tmp_path)
     assert result.metrics["envstep"] >= 400 and result.metrics["train_iter"] > 0
-    ckpt = trial_checkpoint(result)
+    *_, ckpt = trial_policy(result)
     assert ckpt["config"]["policy.type"] == "stochastic_muzero"
     assert any(k.startswith("after_pred_chance.") for k in ckpt["evaluated"]["weights"])
