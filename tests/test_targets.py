@@ -594,3 +594,47 @@ def test_deferred_bootstrap_resolves_to_the_same_targets_with_one_call():
     for f in dataclasses.fields(now):
         if f.name not in ("extras", "bootstrap"):
             np.testing.assert_array_equal(getattr(done, f.name), getattr(now, f.name), err_msg=f.name)
+
+
+def test_a_segment_with_other_columns_warns_and_batches_still_build():
+    """A segment whose columns differ from the first one's (here child_visits as float64) switches the buffer
+    to gathering from the segments, says so once, naming the column, and the batch holds the same values
+    as a buffer of uniform segments."""
+    import warnings
+
+    from muzero_tune.replay.buffer import ReplayBuffer
+
+    rng = np.random.default_rng(5)
+    segs = [random_segment(rng, 2) for _ in range(6)]
+    uniform, mixed = ReplayBuffer(capacity_transitions=1000), ReplayBuffer(capacity_transitions=1000)
+    uniform.push([_copy_segment(s) for s in segs])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i, s in enumerate(segs):
+            s = _copy_segment(s)
+            if i >= 3:
+                s.stats["child_visits"] = s.stats["child_visits"].astype(np.float64)
+            mixed.push([s])
+    messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert len(messages) == 1, messages
+    assert "stats.child_visits" in messages[0] and "<f8" in messages[0] and "<f4" in messages[0]
+
+    def batch(buf):
+        sample = buf.sample(64, np.random.default_rng(2))
+        return sample, make_batch(sample, num_unroll_steps=3, td_steps=4, discount=0.9, num_actions=3,
+                                  value_fn=lambda o: o.sum(axis=1).astype(np.float32),
+                                  rng=np.random.default_rng(1))  # fmt: skip
+
+    (s_u, b_u), (s_m, b_m) = batch(uniform), batch(mixed)
+    assert s_u.rows is not None and s_m.rows is None
+    np.testing.assert_array_equal(s_u.flat_index, s_m.flat_index)
+    for name in ("obs", "actions", "target_value", "target_reward", "target_policy", "value_mask",
+                 "reward_mask", "policy_mask", "obs_mask", "weights"):  # fmt: skip
+        np.testing.assert_array_equal(getattr(b_u, name), getattr(b_m, name), err_msg=name)
+
+
+def _copy_segment(seg: GameSegment) -> GameSegment:
+    """A deep copy of a fresh (not pushed) segment's arrays: pushing re-points a segment at the buffer."""
+    import copy
+
+    return copy.deepcopy(seg)

@@ -21,6 +21,7 @@ eviction is dropped whole, since its flat indices may have shifted.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -184,13 +185,22 @@ class ReplayBuffer:
         """Copy a segment's per-step arrays and frame ids into the column blocks; point the segment at them.
 
         Segments whose columns differ from the first segment's (names, dtypes, trailing shapes) switch the
-        buffer to gathering from the segments themselves (the same values, per-sample work)."""
+        buffer to gathering from the segments themselves (the same values, per-sample work), with a
+        ``RuntimeWarning`` naming the columns that differ (once per buffer)."""
         cols = segment_columns(seg)
         if self._steps is None and self._flat:
             self._steps = ColumnStore(column_signature(cols), on_move=self._repoint_steps)
             self._ids = ColumnStore(column_signature({"ids": seg.frames.ids}), on_move=self._repoint_frames)
         if self._flat and column_signature(cols) != self._steps.signature:
             self._flat = False
+            first, this = set(self._steps.signature), set(column_signature(cols))
+            warnings.warn(
+                f"ReplayBuffer: a pushed segment's columns differ from the first segment's (only the first: "
+                f"{sorted(first - this)}; only this one: {sorted(this - first)}, as (name, dtype, trailing "
+                f"shape)); sampling now gathers from the segments themselves, which is slower",
+                RuntimeWarning,
+                stacklevel=3,
+            )
         if self._flat:
             step0 = self._steps.append(cols)
             frame0 = self._ids.append({"ids": seg.frames.ids})
