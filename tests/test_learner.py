@@ -218,6 +218,27 @@ def test_resume_is_exact(optimizer, batches):
     assert any(not torch.equal(v, params(resumed.model)[k]) for k, v in state["model"].items())
 
 
+@pytest.mark.parametrize("optimizer", ["adam", "adamw", "sgd"])
+def test_foreach_optimizer_step_is_bit_identical_to_the_per_tensor_loop(optimizer, batches):
+    """The learner's optimizer runs torch's multi-tensor (foreach) step, a pure speed change: the weights and
+    optimizer state match the per-tensor loop (torch's CPU default) bit for bit."""
+    cfg = small_cfg(**{"learn.optimizer": optimizer, "learn.weight_decay": 1e-4})
+    policy = MuZeroPolicy(cfg, SPEC)
+    multi, loop = Learner(cfg, policy), Learner(cfg, policy)
+    assert all(g["foreach"] is True for g in multi.optimizer.param_groups)
+    for g in loop.optimizer.param_groups:
+        g["foreach"] = False  # read by every step(): the per-tensor implementation
+    before = params(multi.model)
+    for b in batches:
+        multi.train_step(b)
+        loop.train_step(b)
+    assert_same(params(multi.model), params(loop.model))
+    _assert_nested_equal(
+        multi.optimizer.state_dict()["state"], loop.optimizer.state_dict()["state"], "optimizer state"
+    )
+    assert any(not torch.equal(v, params(multi.model)[k]) for k, v in before.items())  # training moved them
+
+
 def test_state_dict_restores_rng_states(cfg):
     learner = Learner(cfg, MuZeroPolicy(cfg, SPEC))
     torch.manual_seed(42)
