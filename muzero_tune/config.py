@@ -214,6 +214,9 @@ class LearnConfig:
     )
     device: str = param("cpu", "learner device: cpu, auto (cuda when present) or cuda[:N]")
     mixed_precision: bool = param(False, "bf16/fp16 autocast for the learner on CUDA")
+    channels_last: bool = param(
+        False, "conv networks: the learner's weights (so its activations) in channels-last layout"
+    )
 
 
 @dataclass(frozen=True)
@@ -484,6 +487,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "learn.weight_decay": 1e-4,
         "learn.replay_ratio": 0.25,
         "learn.ssl_loss_weight": 2.0,  # SSL consistency loss on (EfficientZero)
+        "learn.channels_last": True,  # conv learner ~1.3x faster on this CPU (pipeline/learner.place_model)
         "learn.train_start_after_envsteps": 2_000,
         "learn.device": "auto",
         "eval.eval_freq": 2_000,
