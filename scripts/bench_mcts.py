@@ -260,11 +260,11 @@ def time_collect_step(
     simulations).
 
     The network is timed where the search calls it: the policy's root ``initial_inference`` and every
-    function it hands to ``Search.run`` (``policy._search_fns``: the recurrent call the search makes per
-    simulation, traced twin and the decoding of its outputs into numpy included). ``forward ms`` is the torch
-    part of the recurrent calls alone (``recurrent_outputs``, traced or eager, where the policy's module calls
-    it). Search time = total - network. Wrapping ``model.recurrent_inference`` instead would miss the traced
-    twin, which calls the graph, not that method.
+    network function it hands to ``Search.run`` (the ``*_fn`` arguments: the recurrent call the search
+    makes per simulation, traced twin and the decoding of its outputs into numpy included). ``forward ms``
+    is the torch part of the recurrent calls alone (``recurrent_outputs``, traced or eager, where the
+    policy's module calls it). Search time = total - network. Wrapping ``model.recurrent_inference`` instead
+    would miss the traced twin, which calls the graph, not that method.
     """
     import sys
 
@@ -286,12 +286,13 @@ def time_collect_step(
         return wrapper
 
     model.initial_inference = timed(model.initial_inference, "network")
-    search_fns = policy._search_fns
+    search_run = policy._search.run
 
-    def timed_search_fns(net):
-        return {name: timed(fn, "network") for name, fn in search_fns(net).items()}
+    def run_with_timed_network(*a, **kw):  # every network function the policy hands to Search.run
+        kw = {k: timed(v, "network") if k.endswith("_fn") and callable(v) else v for k, v in kw.items()}
+        return search_run(*a, **kw)
 
-    policy._search_fns = timed_search_fns
+    policy._search.run = run_with_timed_network
     policy_module = sys.modules[type(policy)._recurrent_fn.__module__]
     forward = getattr(policy_module, "recurrent_outputs", None)
     if forward is not None:  # restored below: the module global is shared by every policy of that module
