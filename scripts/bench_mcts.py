@@ -255,15 +255,16 @@ def section_sampled(args: argparse.Namespace) -> None:
 # Sections run in order; later benchmark parts (e.g. search vs network per collect step) append theirs here.
 def time_collect_step(
     preset: str, *, repeats: int, overrides: dict | None = None
-) -> tuple[float, float, float, int, int]:
-    """One collect step of a preset's real policy and network: (total ms, network ms, forward ms, batch,
-    simulations).
+) -> tuple[float, float, float, float, int, int]:
+    """One collect step of a preset's real policy and network: (total ms, root ms, search network ms,
+    forward ms, batch, simulations).
 
-    The network is timed where the search calls it: the policy's root ``initial_inference`` and every
-    network function it hands to ``Search.run`` (the ``*_fn`` arguments: the recurrent call the search
-    makes per simulation, traced twin and the decoding of its outputs into numpy included). ``forward ms``
-    is the torch part of the recurrent calls alone (``recurrent_outputs``, traced or eager, where the
-    policy's module calls it). Search time = total - network. Wrapping ``model.recurrent_inference`` instead
+    The network is timed where the search calls it: the policy's root ``initial_inference`` (root ms) and
+    every network function it hands to ``Search.run`` (recurrent ms: the ``*_fn`` arguments, the recurrent
+    call the search makes per simulation, traced twin and the decoding of its outputs into numpy included).
+    ``forward ms`` is the torch part of the recurrent calls alone (``recurrent_outputs``, traced or eager,
+    where the policy's module calls it; decode ms = recurrent - forward). Search time = total - root -
+    recurrent. Wrapping ``model.recurrent_inference`` instead
     would miss the traced twin, which calls the graph, not that method.
     """
     import sys
@@ -274,7 +275,7 @@ def time_collect_step(
     cfg = make_config(preset, overrides=overrides or {})
     policy, spec = make_policy(cfg)
     model = policy.build_model().eval()
-    spent = {"network": 0.0, "forward": 0.0}
+    spent = {"root": 0.0, "network": 0.0, "forward": 0.0}
 
     clock = CLOCK_NS  # ``--clock``: wall or this thread's CPU time, as for the tree work
 
@@ -287,7 +288,7 @@ def time_collect_step(
 
         return wrapper
 
-    model.initial_inference = timed(model.initial_inference, "network")
+    model.initial_inference = timed(model.initial_inference, "root")
     search_run = policy._search.run
 
     def run_with_timed_network(*a, **kw):  # every network function the policy hands to Search.run
@@ -306,7 +307,7 @@ def time_collect_step(
         obs = (rng.random((batch, *spec.obs_shape)) * (255 if dtype == np.uint8 else 1)).astype(dtype)
         mask = np.ones((batch, spec.num_actions), dtype=bool)
         policy.act(model, obs, mask, explore=True, temperature=1.0, rng=rng)  # warm-up (and the trace)
-        spent.update(network=0.0, forward=0.0)
+        spent.update(root=0.0, network=0.0, forward=0.0)
         t0 = clock()
         for _ in range(repeats):
             policy.act(model, obs, mask, explore=True, temperature=1.0, rng=rng)
@@ -315,7 +316,8 @@ def time_collect_step(
         if forward is not None:
             policy_module.recurrent_outputs = forward
     ms = 1e3 / repeats
-    return (1e3 * total, ms * spent["network"], ms * spent["forward"], batch, cfg.mcts.num_simulations)
+    return (1e3 * total, ms * spent["root"], ms * spent["network"], ms * spent["forward"], batch,
+            cfg.mcts.num_simulations)  # fmt: skip
 
 
 def section_collect_step(args: argparse.Namespace) -> None:
@@ -324,16 +326,27 @@ def section_collect_step(args: argparse.Namespace) -> None:
     if not args.skip_pong:
         cases.append(("pong_muzero", {"mcts.num_simulations": 50}, 3))
     for preset, overrides, reps in cases:
-        total, net, fwd, batch, sims = time_collect_step(preset, repeats=reps, overrides=overrides)
-        search = total - net
+        total, root, net, fwd, batch, sims = time_collect_step(preset, repeats=reps, overrides=overrides)
+        search = total - root - net
         rows.append(
-            (preset, batch, sims, f"{total:.2f}", f"{net:.2f}", f"{fwd:.2f}", f"{search:.2f}",
-             f"{search / total:.1%}")
+            (preset, batch, sims, f"{total:.2f}", f"{root:.2f}", f"{net:.2f}", f"{fwd:.2f}",
+             f"{net - fwd:.2f}", f"{search:.2f}", f"{search / total:.1%}")
         )  # fmt: skip
     print_table(
         "one collect step (policy.act on the preset's env batch): search vs network as the search calls it "
-        "(root initial_inference + the per-simulation recurrent_fn incl. decoding; forward = its torch call)",
-        ["preset", "B", "sims", "total ms", "network ms", "forward ms", "search ms", "search share"],
+        "(root: initial_inference; recurrent: the per-simulation recurrent_fn = torch forward + decoding)",
+        [
+            "preset",
+            "B",
+            "sims",
+            "total ms",
+            "root ms",
+            "recurrent ms",
+            "forward ms",
+            "decode ms",
+            "search ms",
+            "search share",
+        ],  # fmt: skip
         rows,
     )
 
