@@ -20,9 +20,10 @@ import numpy as np
 import torch
 
 from muzero_tune.config import make_config, parse_set_args
+from muzero_tune.models.layout import place_model
 from muzero_tune.pipeline.collector import SegmentCollector
 from muzero_tune.pipeline.core import DriverCore, setup_torch_threads
-from muzero_tune.pipeline.learner import make_optimizer, place_model
+from muzero_tune.pipeline.learner import make_optimizer
 from muzero_tune.pipeline.reporter import MemoryReporter
 
 
@@ -66,7 +67,10 @@ def main(argv: list[str] | None = None) -> None:
     collector.close()
 
     bs, k = cfg.learn.batch_size, cfg.replay.num_unroll_steps
-    model = place_model(core.policy.build_model(), cfg.learn, core.learner.device)  # the learner's layout
+    # the learner's device and layout: the same network
+    model = place_model(
+        core.policy.build_model(), device=core.learner.device, channels_last=cfg.model.channels_last
+    )
     # the learner's own optimizer construction, so the bare step gets the same (fused) update
     opt = make_optimizer(cfg.learn, list(model.parameters()))
     sample = core.buffer.sample(bs, core.rng)

@@ -14,7 +14,8 @@ import torch
 from muzero_tune.config import make_config
 from muzero_tune.envs.spec import EnvSpec
 from muzero_tune.models import build_network, logits_to_scalar
-from muzero_tune.pipeline.learner import Learner, lr_factor, place_model
+from muzero_tune.models.layout import place_model
+from muzero_tune.pipeline.learner import Learner, lr_factor
 from muzero_tune.policies.muzero import MuZeroPolicy
 from muzero_tune.replay.buffer import ReplayBuffer
 from muzero_tune.replay.segment import GameSegment
@@ -240,7 +241,7 @@ def test_foreach_optimizer_step_is_bit_identical_to_the_per_tensor_loop(optimize
 
 
 def test_channels_last_conv_learner_matches_the_nchw_network():
-    """``learn.channels_last``: the conv weights go NHWC, the network computes the same function (up to
+    """``model.channels_last``: the conv weights go NHWC, the network computes the same function (up to
     kernel rounding), its gradients agree, and its state dict loads into an NCHW network (actors,
     checkpoints) with the same outputs; ``false`` leaves the layout alone."""
     kw = dict(kind="conv", obs_shape=(4, 16, 16), num_actions=3, value_support_size=5, reward_support_size=5,
@@ -251,10 +252,10 @@ def test_channels_last_conv_learner_matches_the_nchw_network():
         for p in nchw.parameters():
             if not p.any():
                 p.normal_(0.0, 0.1)
-    off = small_cfg().learn
-    on = small_cfg(**{"learn.channels_last": True}).learn
-    same = place_model(copy.deepcopy(nchw), off, torch.device("cpu"))
-    nhwc = place_model(copy.deepcopy(nchw), on, torch.device("cpu"))
+    assert small_cfg().model.channels_last is False
+    assert small_cfg(**{"model.channels_last": True}).model.channels_last is True
+    same = place_model(copy.deepcopy(nchw), device="cpu", channels_last=False)
+    nhwc = place_model(copy.deepcopy(nchw), device="cpu", channels_last=True)
     convs = [m.weight for m in nhwc.modules() if isinstance(m, torch.nn.Conv2d)]
     assert convs and all(w.is_contiguous(memory_format=torch.channels_last) for w in convs)
     assert all(m.weight.is_contiguous() for m in same.modules() if isinstance(m, torch.nn.Conv2d))
