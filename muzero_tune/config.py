@@ -104,6 +104,9 @@ class ModelConfig:
     value_support_size: int = param(300, "value is categorical over integer bins -S..S of h(value)", ge=1)
     reward_support_size: int = param(300, "reward is categorical over integer bins -S..S of h(reward)", ge=1)
     projection_dim: int = param(128, "width of the SSL projection head", ge=1)
+    channels_last: bool = param(
+        False, "conv: weights (so activations) in channels-last (NHWC) layout: learner, actors, checkpoints"
+    )
 
 
 @dataclass(frozen=True)
@@ -484,6 +487,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "learn.weight_decay": 1e-4,
         "learn.replay_ratio": 0.25,
         "learn.ssl_loss_weight": 2.0,  # SSL consistency loss on (EfficientZero)
+        "model.channels_last": True,  # conv learner ~1.3x faster on this CPU (pipeline/learner.place_model)
         "learn.train_start_after_envsteps": 2_000,
         "learn.device": "auto",
         "eval.eval_freq": 2_000,

@@ -5,7 +5,10 @@ path), eager under ``torch.inference_mode``, and the traced twin the search now 
 (:mod:`muzero_tune.models.traced`); then ``policy.act`` (8 envs, the preset's 25 simulations) with the traced
 call against the same model forced eager. Interleaved rounds; medians and per-round ratios.
 
-    python scripts/bench_acting.py [--rounds 15] [--calls 200]
+    python scripts/bench_acting.py [--rounds 15] [--calls 200] [--clock cpu]
+
+``--clock cpu`` times this process's CPU seconds (``time.process_time``) instead of wall time: the waits for
+a core that other work holds are left out, so the figures move far less with the machine's load.
 """
 
 from __future__ import annotations
@@ -27,7 +30,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--preset", default="cartpole_muzero")
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--calls", type=int, default=200, help="recurrent calls per variant per round")
+    p.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="wall time or this process's CPU")
     args = p.parse_args(argv)
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
     setup_torch_threads()
     cfg = make_config(args.preset, overrides={"logging.quiet": True})
     policy, spec = make_policy(cfg)
@@ -65,17 +70,18 @@ def main(argv: list[str] | None = None) -> None:
     times: dict[str, list[float]] = {k: [] for k in (*calls, *steps)}
     for _ in range(args.rounds):
         for name, fn in calls.items():
-            t0 = time.perf_counter()
+            t0 = clock()
             for _ in range(args.calls):
                 fn()
-            times[name].append((time.perf_counter() - t0) / args.calls)
+            times[name].append((clock() - t0) / args.calls)
         for name, fn in steps.items():
-            t0 = time.perf_counter()
+            t0 = clock()
             for _ in range(max(1, args.calls // 50)):
                 fn()
-            times[name].append((time.perf_counter() - t0) / max(1, args.calls // 50))
+            times[name].append((clock() - t0) / max(1, args.calls // 50))
     print(f"preset={args.preset} batch={b} sims={cfg.mcts.num_simulations} rounds={args.rounds} "
-          f"load={os.getloadavg()[0]:.1f}")  # fmt: skip
+          f"clock={args.clock} load={os.getloadavg()[0]:.1f}")  # fmt: skip
+
     def ratio_text(slow: np.ndarray, fast: np.ndarray) -> str:
         r = slow / fast
         return f"{np.median(r):.2f} (per-round min {r.min():.2f}, max {r.max():.2f})"
@@ -88,6 +94,7 @@ def main(argv: list[str] | None = None) -> None:
     e, t = np.asarray(times["act, eager"]), np.asarray(times["act, traced"])
     print(f"  collect step (policy.act): eager {1e3 * np.median(e):.2f} ms, traced {1e3 * np.median(t):.2f} "
           f"ms; eager / traced {ratio_text(e, t)}")  # fmt: skip
+
 
 if __name__ == "__main__":
     main()

@@ -3,17 +3,24 @@ against a bare forward+backward of the same network on the same shapes, measured
 
     python scripts/bench_learner.py                      # CartPole MuZero, batch 256, K=5, MLP
     python scripts/bench_learner.py --preset pong_muzero --set learn.batch_size=32 --steps 5
+    python scripts/bench_learner.py --clock cpu          # this process's CPU time (steadier when shared)
+
+``--clock cpu`` counts the CPU seconds this process spent (``time.process_time``): with one torch thread the
+work is the same, and the waits for a core that other processes hold are left out, so the ratios move far
+less with the machine's load than wall-time ones do.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import numpy as np
 import torch
 
 from muzero_tune.config import make_config, parse_set_args
+from muzero_tune.models.layout import place_model
 from muzero_tune.pipeline.collector import SegmentCollector
 from muzero_tune.pipeline.core import DriverCore, setup_torch_threads
 from muzero_tune.pipeline.learner import make_optimizer
@@ -48,7 +55,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
     p.add_argument("--steps", type=int, default=10, help="timed steps per variant per round")
     p.add_argument("--rounds", type=int, default=15, help="interleaved rounds (side by side)")
+    p.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="wall time or this process's CPU")
     args = p.parse_args(argv)
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
     setup_torch_threads()
     cfg = make_config(args.preset, overrides={"logging.quiet": True, **parse_set_args(args.overrides)})
     core = DriverCore(cfg, MemoryReporter())
@@ -58,7 +67,10 @@ def main(argv: list[str] | None = None) -> None:
     collector.close()
 
     bs, k = cfg.learn.batch_size, cfg.replay.num_unroll_steps
-    model = core.policy.build_model()
+    # the learner's device and layout: the same network
+    model = place_model(
+        core.policy.build_model(), device=core.learner.device, channels_last=cfg.model.channels_last
+    )
     # the learner's own optimizer construction, so the bare step gets the same (fused) update
     opt = make_optimizer(cfg.learn, list(model.parameters()))
     sample = core.buffer.sample(bs, core.rng)
@@ -75,10 +87,10 @@ def main(argv: list[str] | None = None) -> None:
         loss_opt.step()
 
     def time_it(fn, n):
-        t0 = time.perf_counter()
+        t0 = clock()
         for _ in range(n):
             fn()
-        return (time.perf_counter() - t0) / n
+        return (clock() - t0) / n
 
     def build():  # the driver's side of a batch: the bootstrap values are left to the learner's step
         s = core.buffer.sample(bs, core.rng)
@@ -109,7 +121,8 @@ def main(argv: list[str] | None = None) -> None:
     eff_fixed = np.asarray(per_round["fixed"]) / np.asarray(per_round["full"])
     f, b, x, t, v = med["full"], med["bare"], med["fixed"], med["targets"], med["bootstrap"]
     print(f"preset={args.preset} batch={bs} K={k} model={cfg.model.kind} ssl={cfg.learn.ssl_loss_weight > 0}")
-    print(f"  rounds={args.rounds} x {args.steps} steps per variant, interleaved; medians:")
+    print(f"  rounds={args.rounds} x {args.steps} steps per variant, interleaved, {args.clock} clock; "
+          f"medians (load {os.getloadavg()[0]:.2f} at the end):")  # fmt: skip
     print(f"  full learner step     : {1e3 * f:8.2f} ms  -> {1 / f:7.1f} train steps/s")
     print(f"  bare forward+backward : {1e3 * b:8.2f} ms  -> {1 / b:7.1f} steps/s")
     print(f"  policy loss + backward on a fixed batch (SSL incl.): {1e3 * x:8.2f} ms")

@@ -255,42 +255,69 @@ def section_sampled(args: argparse.Namespace) -> None:
 # Sections run in order; later benchmark parts (e.g. search vs network per collect step) append theirs here.
 def time_collect_step(
     preset: str, *, repeats: int, overrides: dict | None = None
-) -> tuple[float, float, int, int]:
-    """One collect step of a preset's real policy and network: (total ms, network ms, batch, simulations).
+) -> tuple[float, float, float, float, int, int]:
+    """One collect step of a preset's real policy and network: (total ms, root ms, search network ms,
+    forward ms, batch, simulations).
 
-    The network's initial and recurrent inference are wrapped with timers; search time = total - network.
+    The network is timed where the search calls it: the policy's root ``initial_inference`` (root ms) and
+    every network function it hands to ``Search.run`` (recurrent ms: the ``*_fn`` arguments, the recurrent
+    call the search makes per simulation, traced twin and the decoding of its outputs into numpy included).
+    ``forward ms`` is the torch part of the recurrent calls alone (``recurrent_outputs``, traced or eager,
+    where the policy's module calls it; decode ms = recurrent - forward). Search time = total - root -
+    recurrent. Wrapping ``model.recurrent_inference`` instead
+    would miss the traced twin, which calls the graph, not that method.
     """
+    import sys
+
     from muzero_tune.config import make_config
     from muzero_tune.pipeline.core import make_policy
 
     cfg = make_config(preset, overrides=overrides or {})
     policy, spec = make_policy(cfg)
     model = policy.build_model().eval()
-    spent = [0.0]
+    spent = {"root": 0.0, "network": 0.0, "forward": 0.0}
 
-    def timed(fn):
+    clock = CLOCK_NS  # ``--clock``: wall or this thread's CPU time, as for the tree work
+
+    def timed(fn, slot: str):
         def wrapper(*a, **k):
-            t0 = time.perf_counter()
+            t0 = clock()
             out = fn(*a, **k)
-            spent[0] += time.perf_counter() - t0
+            spent[slot] += (clock() - t0) * 1e-9
             return out
 
         return wrapper
 
-    model.initial_inference = timed(model.initial_inference)
-    model.recurrent_inference = timed(model.recurrent_inference)
-    batch = cfg.env.collector_env_num
-    rng = np.random.default_rng(0)
-    dtype = np.uint8 if spec.frame_dtype == "uint8" else np.float32
-    obs = (rng.random((batch, *spec.obs_shape)) * (255 if dtype == np.uint8 else 1)).astype(dtype)
-    mask = np.ones((batch, spec.num_actions), dtype=bool)
-    policy.act(model, obs, mask, explore=True, temperature=1.0, rng=rng)  # warm-up
-    spent[0] = 0.0
-    t0 = time.perf_counter()
-    for _ in range(repeats):
-        policy.act(model, obs, mask, explore=True, temperature=1.0, rng=rng)
-    total = (time.perf_counter() - t0) / repeats
-    return 1e3 * total, 1e3 * spent[0] / repeats, batch, cfg.mcts.num_simulations
+    model.initial_inference = timed(model.initial_inference, "root")
+    search_run = policy._search.run
+
+    def run_with_timed_network(*a, **kw):  # every network function the policy hands to Search.run
+        kw = {k: timed(v, "network") if k.endswith("_fn") and callable(v) else v for k, v in kw.items()}
+        return search_run(*a, **kw)
+
+    policy._search.run = run_with_timed_network
+    policy_module = sys.modules[type(policy)._recurrent_fn.__module__]
+    forward = getattr(policy_module, "recurrent_outputs", None)
+    if forward is not None:  # restored below: the module global is shared by every policy of that module
+        policy_module.recurrent_outputs = timed(forward, "forward")
+    try:
+        batch = cfg.env.collector_env_num
+        rng = np.random.default_rng(0)
+        dtype = np.uint8 if spec.frame_dtype == "uint8" else np.float32
+        obs = (rng.random((batch, *spec.obs_shape)) * (255 if dtype == np.uint8 else 1)).astype(dtype)
+        mask = np.ones((batch, spec.num_actions), dtype=bool)
+        policy.act(model, obs, mask, explore=True, temperature=1.0, rng=rng)  # warm-up (and the trace)
+        spent.update(root=0.0, network=0.0, forward=0.0)
+        t0 = clock()
+        for _ in range(repeats):
+            policy.act(model, obs, mask, explore=True, temperature=1.0, rng=rng)
+        total = (clock() - t0) * 1e-9 / repeats
+    finally:
+        if forward is not None:
+            policy_module.recurrent_outputs = forward
+    ms = 1e3 / repeats
+    return (1e3 * total, ms * spent["root"], ms * spent["network"], ms * spent["forward"], batch,
+            cfg.mcts.num_simulations)  # fmt: skip
 
 
 def section_collect_step(args: argparse.Namespace) -> None:
@@ -299,14 +326,27 @@ def section_collect_step(args: argparse.Namespace) -> None:
     if not args.skip_pong:
         cases.append(("pong_muzero", {"mcts.num_simulations": 50}, 3))
     for preset, overrides, reps in cases:
-        total, net, batch, sims = time_collect_step(preset, repeats=reps, overrides=overrides)
-        search = total - net
+        total, root, net, fwd, batch, sims = time_collect_step(preset, repeats=reps, overrides=overrides)
+        search = total - root - net
         rows.append(
-            (preset, batch, sims, f"{total:.2f}", f"{net:.2f}", f"{search:.2f}", f"{search / total:.1%}")
-        )
+            (preset, batch, sims, f"{total:.2f}", f"{root:.2f}", f"{net:.2f}", f"{fwd:.2f}",
+             f"{net - fwd:.2f}", f"{search:.2f}", f"{search / total:.1%}")
+        )  # fmt: skip
     print_table(
-        "one collect step (policy.act on the preset's env batch): search vs network",
-        ["preset", "B", "sims", "total ms", "network ms", "search ms", "search share"],
+        "one collect step (policy.act on the preset's env batch): search vs network as the search calls it "
+        "(root: initial_inference; recurrent: the per-simulation recurrent_fn = torch forward + decoding)",
+        [
+            "preset",
+            "B",
+            "sims",
+            "total ms",
+            "root ms",
+            "recurrent ms",
+            "forward ms",
+            "decode ms",
+            "search ms",
+            "search share",
+        ],  # fmt: skip
         rows,
     )
 
@@ -335,6 +375,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--skip-compile-timing", action="store_true", help="skip the cold/cached compile probe")
     p.add_argument("--skip-pong", action="store_true", help="collect-step section: CartPole only")
+    p.add_argument(
+        "--sections",
+        nargs="+",
+        choices=[f.__name__.removeprefix("section_") for f in SECTIONS],
+        help="run only these sections (default: all)",
+    )
     return p
 
 
@@ -346,7 +392,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     # Compile (or load from cache) before timing anything.
     time_kernels(batch_size=1, num_actions=2, num_simulations=2, repeats=1, rng=np.random.default_rng(0))
     for section in SECTIONS:
-        section(args)
+        if args.sections is None or section.__name__.removeprefix("section_") in args.sections:
+            section(args)
 
 
 if __name__ == "__main__":

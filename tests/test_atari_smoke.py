@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -29,3 +30,14 @@ def test_pong_smoke_run_writes_loadable_checkpoints(pipeline, tmp_path):
     ckpt = torch.load(ckpts[-1], weights_only=True)
     assert ckpt["config"]["env.env_id"] == "ALE/Pong-v5" and ckpt["config"]["env.frame_stack"] == 4
     assert ckpt["resume"]["learner"]["train_iter"] > 0
+    # the preset's channels-last conv network, placed so again when the checkpoint is loaded to act
+    from muzero_tune.pipeline.checkpoint import load_policy
+
+    cfg, policy, model, _ = load_policy(ckpts[-1])
+    assert cfg.model.channels_last
+    convs = [m.weight for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert convs and all(w.is_contiguous(memory_format=torch.channels_last) for w in convs)
+    obs = torch.zeros((2, *policy.spec.obs_shape), dtype=torch.uint8).numpy()
+    out = policy.act(model, obs, torch.ones((2, policy.spec.num_actions), dtype=torch.bool).numpy(),
+                     explore=False, temperature=1.0, rng=np.random.default_rng(0))  # fmt: skip
+    assert out.actions.shape == (2,)

@@ -13,7 +13,8 @@ import torch
 
 from muzero_tune.config import make_config
 from muzero_tune.envs.spec import EnvSpec
-from muzero_tune.models import logits_to_scalar
+from muzero_tune.models import build_network, logits_to_scalar
+from muzero_tune.models.layout import place_model
 from muzero_tune.pipeline.learner import Learner, lr_factor
 from muzero_tune.policies.muzero import MuZeroPolicy
 from muzero_tune.replay.buffer import ReplayBuffer
@@ -216,6 +217,71 @@ def test_resume_is_exact(optimizer, batches):
     assert resumed.scheduler.last_epoch == straight.scheduler.last_epoch == 6
     # and training really moved the weights away from where the checkpoint was taken
     assert any(not torch.equal(v, params(resumed.model)[k]) for k, v in state["model"].items())
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "adamw", "sgd"])
+def test_foreach_optimizer_step_is_bit_identical_to_the_per_tensor_loop(optimizer, batches):
+    """The learner's optimizer runs torch's multi-tensor (foreach) step, a pure speed change: the weights and
+    optimizer state match the per-tensor loop (torch's CPU default) bit for bit."""
+    cfg = small_cfg(**{"learn.optimizer": optimizer, "learn.weight_decay": 1e-4})
+    policy = MuZeroPolicy(cfg, SPEC)
+    multi, loop = Learner(cfg, policy), Learner(cfg, policy)
+    assert all(g["foreach"] is True for g in multi.optimizer.param_groups)
+    for g in loop.optimizer.param_groups:
+        g["foreach"] = False  # read by every step(): the per-tensor implementation
+    before = params(multi.model)
+    for b in batches:
+        multi.train_step(b)
+        loop.train_step(b)
+    assert_same(params(multi.model), params(loop.model))
+    _assert_nested_equal(
+        multi.optimizer.state_dict()["state"], loop.optimizer.state_dict()["state"], "optimizer state"
+    )
+    assert any(not torch.equal(v, params(multi.model)[k]) for k, v in before.items())  # training moved them
+
+
+def test_channels_last_conv_learner_matches_the_nchw_network():
+    """``model.channels_last``: the conv weights go NHWC, the network computes the same function (up to
+    kernel rounding), its gradients agree, and its state dict loads into an NCHW network (actors,
+    checkpoints) with the same outputs; ``false`` leaves the layout alone."""
+    kw = dict(kind="conv", obs_shape=(4, 16, 16), num_actions=3, value_support_size=5, reward_support_size=5,
+              projection_dim=16, num_channels=8, num_res_blocks=1, downsample=True)  # fmt: skip
+    torch.manual_seed(0)
+    nchw = build_network(**kw)
+    with torch.no_grad():  # the value head starts at zero: give it weights so the outputs say something
+        for p in nchw.parameters():
+            if not p.any():
+                p.normal_(0.0, 0.1)
+    assert small_cfg().model.channels_last is False
+    assert small_cfg(**{"model.channels_last": True}).model.channels_last is True
+    same = place_model(copy.deepcopy(nchw), device="cpu", channels_last=False)
+    nhwc = place_model(copy.deepcopy(nchw), device="cpu", channels_last=True)
+    convs = [m.weight for m in nhwc.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert convs and all(w.is_contiguous(memory_format=torch.channels_last) for w in convs)
+    assert all(m.weight.is_contiguous() for m in same.modules() if isinstance(m, torch.nn.Conv2d))
+    assert not all(w.is_contiguous() for w in convs)
+    obs = torch.randint(0, 256, (6, 4, 16, 16), dtype=torch.uint8)
+    acts = torch.randint(0, 3, (6,))
+
+    def outputs_and_grads(net):
+        net.zero_grad(set_to_none=True)
+        root = net.initial_inference(obs)
+        rec = net.recurrent_inference(root.latent, acts)
+        (root.value_logits.logsumexp(-1).sum() + rec.reward_logits.logsumexp(-1).sum()).backward()
+        grads = [p.grad.clone() for p in net.parameters() if p.grad is not None]
+        return [root.value_logits, root.policy_logits, rec.latent, rec.reward_logits], grads
+
+    ref_out, ref_grads = outputs_and_grads(nchw)
+    out, grads = outputs_and_grads(nhwc)
+    for a, b in zip([*ref_out, *ref_grads], [*out, *grads]):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
+    assert len(grads) == len(ref_grads) > 0
+    plain = build_network(**kw)
+    plain.load_state_dict(nhwc.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(
+            plain.initial_inference(obs).value_logits, nhwc.initial_inference(obs).value_logits
+        )
 
 
 def test_state_dict_restores_rng_states(cfg):

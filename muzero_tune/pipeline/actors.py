@@ -16,6 +16,7 @@ import torch
 
 from muzero_tune.config import from_flat_dict
 from muzero_tune.envs.faults import FaultSpec, FaultyEnv
+from muzero_tune.models.layout import place_model
 from muzero_tune.pipeline.collector import SegmentCollector, env_factory
 from muzero_tune.pipeline.core import EVAL_SEED_OFFSET, make_policy, setup_torch_threads
 from muzero_tune.pipeline.evaluator import Evaluator
@@ -42,7 +43,9 @@ class _Worker:
         self.incarnation = incarnation
         self.policy, self.spec = make_policy(self.cfg)
         device = "cuda" if num_gpus > 0 and torch.cuda.is_available() else "cpu"
-        self.model = self.policy.build_model().to(device).eval()
+        self.model = place_model(
+            self.policy.build_model(), device=device, channels_last=self.cfg.model.channels_last
+        ).eval()
         self.version: int | None = None
         self.digest = ""
         import ray

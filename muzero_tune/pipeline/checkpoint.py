@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from muzero_tune.errors import CheckpointError, PathError
+from muzero_tune.models.layout import place_model
 
 FORMAT = "muzero_tune.checkpoint/1"
 FORMAT_PREFIX = "muzero_tune.checkpoint/"
@@ -232,7 +233,7 @@ def policy_from_checkpoint(ckpt: dict, *, device: str = "cpu"):
         grayscale=cfg.env.grayscale,
     )
     policy = get_policy_class(cfg.policy.type)(cfg, spec)
-    model = policy.build_model().to(device)
+    model = place_model(policy.build_model(), device=device, channels_last=cfg.model.channels_last)
     model.load_state_dict(ckpt["evaluated"]["weights"])
     model.eval()
     policy.on_weights_loaded(model)

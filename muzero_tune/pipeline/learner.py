@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from muzero_tune.config import ConfigError, ExperimentConfig, LearnConfig
+from muzero_tune.models.layout import place_model
 from muzero_tune.policies.base import Policy
 from muzero_tune.replay.targets import TrainBatch, resolve_bootstrap
 
@@ -48,7 +49,12 @@ def lr_factor(lc: LearnConfig, step: int) -> float:
 
 
 def make_optimizer(lc: LearnConfig, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
-    """The configured optimizer over ``params`` (torch's default implementation).
+    """The configured optimizer over ``params`` (torch's multi-tensor ``foreach`` implementation).
+
+    ``foreach=True`` is what torch picks on CUDA by default; on the CPU its default is the per-tensor loop.
+    Both do the same element-wise arithmetic in the same order: the parameters and optimizer state after 60
+    steps are bit-identical for Adam, AdamW and SGD with momentum (``tests/test_learner.py``), and the
+    foreach step is faster on the CPU (CartPole MLP: 1.36 -> 1.02 ms per Adam step, CPU time, 2026-12-01).
 
     ``fused=True`` measured 6.9 -> 1.1 ms per Adam step for the CartPole MLP on this CPU, but its other
     summation order changes the training trajectory: CartPole seeds 0-4 then needed a median of 3,640 env
@@ -57,11 +63,11 @@ def make_optimizer(lc: LearnConfig, params: list[torch.nn.Parameter]) -> torch.o
     """
     if lc.optimizer == "sgd":
         return torch.optim.SGD(
-            params, lr=lc.learning_rate, momentum=lc.momentum, weight_decay=lc.weight_decay
+            params, lr=lc.learning_rate, momentum=lc.momentum, weight_decay=lc.weight_decay, foreach=True
         )
     if lc.optimizer == "adamw":
-        return torch.optim.AdamW(params, lr=lc.learning_rate, weight_decay=lc.weight_decay)
-    return torch.optim.Adam(params, lr=lc.learning_rate, weight_decay=lc.weight_decay)
+        return torch.optim.AdamW(params, lr=lc.learning_rate, weight_decay=lc.weight_decay, foreach=True)
+    return torch.optim.Adam(params, lr=lc.learning_rate, weight_decay=lc.weight_decay, foreach=True)
 
 
 def rng_state() -> dict:
@@ -111,7 +117,9 @@ class Learner:
         lc = cfg.learn
         self.device = resolve_device(lc.device)
         torch.manual_seed(cfg.seed)
-        self.model = policy.build_model().to(self.device)
+        self.model = place_model(
+            policy.build_model(), device=self.device, channels_last=cfg.model.channels_last
+        )
         self.target_model = copy.deepcopy(self.model)
         self.target_model.requires_grad_(False)
         self.target_model.eval()
