@@ -47,7 +47,11 @@ def ray_cluster():
 
     started = not ray.is_initialized()
     if started:
-        ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False)
+        from muzero_tune.pipeline.cluster import LOCAL_RAY_SYSTEM_CONFIG
+
+        # actors at the tests' own nice level (Ray's default puts them 15 lower: starved on a loaded machine)
+        ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False,
+                 _system_config=LOCAL_RAY_SYSTEM_CONFIG)
     yield ray
     if started:
         ray.shutdown()

@@ -25,12 +25,15 @@ def three_nodes():
     import ray
     from ray.cluster_utils import Cluster
 
+    from muzero_tune.pipeline.cluster import LOCAL_RAY_SYSTEM_CONFIG
+
     was_local = ray.is_initialized()
     if was_local:
         ray.shutdown()
     cluster = Cluster(
         initialize_head=True,
-        head_node_args={"num_cpus": HEAD_CPUS, "include_dashboard": False},
+        head_node_args={"num_cpus": HEAD_CPUS, "include_dashboard": False,
+                        "_system_config": LOCAL_RAY_SYSTEM_CONFIG},
     )
     workers = [cluster.add_node(num_cpus=WORKER_CPUS) for _ in range(2)]
     ray.init(address=cluster.address, log_to_driver=False)
@@ -39,7 +42,10 @@ def three_nodes():
     ray.shutdown()
     cluster.shutdown()
     if was_local:  # the session fixture's local Ray, as conftest.ray_cluster starts it
-        ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
+        from muzero_tune.pipeline.cluster import LOCAL_RAY_SYSTEM_CONFIG
+
+        ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False,
+                 _system_config=LOCAL_RAY_SYSTEM_CONFIG)
 
 
 def _nodes_alive(ray) -> set[str]:

@@ -8,7 +8,10 @@ launch at that version -- and return frozen results tagged with the version they
 Event loop (single thread, ``ray.wait`` based):
 1. handle finished actor work: push collect results (one train budget per collect once trainable),
    record evaluations (checkpoint = the exact evaluated snapshot), restart failed or hung actors;
-2. launch an evaluation when due, on an immutable snapshot;
+2. launch an evaluation when due, on an immutable snapshot (an evaluator actor is started when its first
+   evaluation is due, not with the collectors: on two cores its start-up, ~5 CPU-s of imports and model
+   building, would otherwise compete with the collector's and the learner's first seconds, and a run
+   that never evaluates never pays it);
 3. launch collects on idle collectors (publishing a snapshot per weight_sync_interval / max_policy_lag),
    unless the train-budget queue is full while training can run (backpressure);
 4. train a chunk of at most ``max_train_chunk_steps`` steps, then go back to 1;
@@ -65,6 +68,9 @@ class _Slot:
     incarnation: int = 0
     restarts: int = 0
     busy_s: float = 0.0
+    info: dict | None = None  # the reply to its first answered ping (pid, placement group, node)
+    starting: Any = None  # the ping of an actor started during the run, until it answers
+    t_spawn: float = 0.0  # monotonic time of the last spawn
 
 
 @dataclass
@@ -180,9 +186,18 @@ class AsyncDriver:
             .options(**opts)
             .remote(self.core.flat_config, slot.index, slot.incarnation, self.fault, gpus)
         )
+        slot.t_spawn = time.monotonic()
+
+    @property
+    def actor_info(self) -> list[dict]:
+        """The first ping reply of every actor that has answered one, in slot order (collectors, then
+        evaluators); an evaluator appears once it was started (when its first evaluation was due)."""
+        return [s.info for s in self.collectors + self.evaluators if s.info is not None]
 
     def start_actors(self) -> None:
-        slots = self.collectors + self.evaluators
+        """Start the collectors and wait until every one answers; evaluators start later, when their first
+        evaluation is due (:meth:`_start_evaluator`)."""
+        slots = self.collectors
         for s in slots:
             self._spawn(s)
         pings = [s.handle.ping.remote() for s in slots]
@@ -191,11 +206,51 @@ class AsyncDriver:
             from muzero_tune.pipeline.placement import bundles
 
             raise RuntimeError(
-                f"only {len(ready)} of {len(pings)} actors started within "
+                f"only {len(ready)} of {len(pings)} collector actors started within "
                 f"{self.ap.actor_start_timeout_s:g} s (policy.async_pipeline.actor_start_timeout_s); "
                 f"resources: {describe_shortfall(bundles(self.cfg))}"
             )
-        self.actor_info = self.ray.get(pings)  # in slot order: collectors, then evaluators
+        for s, info in zip(slots, self.ray.get(pings)):
+            s.info = info
+
+    def _start_evaluator(self, slot: _Slot) -> None:
+        """Spawn an evaluator without waiting for it: the evaluation launched next is queued behind its
+        start-up; its ping is watched by :meth:`_poll_starts` (start-up bounded by actor_start_timeout_s, and
+        the evaluation's own timeout counted from when the actor answered)."""
+        self._spawn(slot)
+        slot.starting = slot.handle.ping.remote()
+
+    def _started(self, slot: _Slot, info: dict | None) -> None:
+        slot.starting = None
+        if slot.info is None and info is not None:
+            slot.info = info
+        now = time.monotonic()
+        for launch in self.evals.values():  # their timeout counts from now: the start-up is not the eval's
+            if launch.slot is slot:
+                launch.t_launch = now
+
+    def _poll_starts(self) -> None:
+        """Record the answer of actors started during the run; restart one that does not answer within
+        actor_start_timeout_s."""
+        for slot in self.evaluators:
+            if slot.starting is None:
+                continue
+            if self.ray.wait([slot.starting], timeout=0)[0]:
+                try:
+                    info = self.ray.get(slot.starting)
+                except Exception:  # died while starting: its evaluation fails too and is handled there
+                    info = None
+                self._started(slot, info)
+            elif time.monotonic() - slot.t_spawn > self.ap.actor_start_timeout_s:
+                for ref, launch in list(self.evals.items()):
+                    if launch.slot is slot:
+                        self.evals.pop(ref)
+                slot.starting = None
+                self._restart(
+                    slot,
+                    f"did not start within {self.ap.actor_start_timeout_s:g} s "
+                    "(policy.async_pipeline.actor_start_timeout_s)",
+                )
 
     def _restart(self, slot: _Slot, why: str) -> None:
         """Replace a failed or hung actor and count it; raise once its restarts are exhausted."""
@@ -235,7 +290,8 @@ class AsyncDriver:
             ready, _ = self.ray.wait([ping], timeout=max(0.0, deadline - time.monotonic()))
             if ready:
                 try:
-                    self.ray.get(ready[0])
+                    info = self.ray.get(ready[0])
+                    self._started(slot, info)
                     return
                 except Exception as e:
                     st.start_retries += 1
@@ -293,6 +349,8 @@ class AsyncDriver:
             return
         slot = free[self._rr_eval % len(free)]
         self._rr_eval += 1
+        if slot.handle is None:
+            self._start_evaluator(slot)
         if self.published is not None and self.published.version == self.core.train_iter:
             snap, weights = self.published, self.published_weights
         else:
@@ -367,6 +425,8 @@ class AsyncDriver:
             launch.slot.busy_s += time.monotonic() - launch.t_launch
             try:
                 result = self.ray.get(ref)
+                if launch.slot.starting is not None:  # its ping was queued before this call: answered
+                    self._started(launch.slot, self.ray.get(launch.slot.starting))
             except Exception as e:  # actor died or raised: drop its in-flight work whole, restart it
                 if launch.slot.kind == "collector":
                     self.stats.dropped_collects += 1
@@ -381,6 +441,8 @@ class AsyncDriver:
             (self.evals, self.ap.eval_timeout_s),
         ):
             for ref, launch in list(table.items()):
+                if launch.slot.starting is not None:  # still starting: actor_start_timeout_s applies
+                    continue
                 if now - launch.t_launch > limit:
                     if self.ray.wait([ref], timeout=0)[0]:  # finished meanwhile: handled next pass
                         continue
@@ -390,6 +452,7 @@ class AsyncDriver:
                     self._restart(launch.slot, f"no result within {limit:g} s (hung)")
 
     def process_completed(self, timeout: float = 0.0) -> None:
+        self._poll_starts()
         pending = list(self.collects) + list(self.evals)
         if not pending:
             if timeout > 0:
