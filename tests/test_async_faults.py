@@ -29,7 +29,10 @@ def _assert_nothing_partial_was_pushed(run) -> None:
 def _assert_cleaned_up(run, ray, alive_after) -> None:
     """The placement group is removed and no incarnation of any actor is still running."""
     pings = run.probe.actor_pings()
-    assert len(pings) >= len(run.driver.collectors) + len(run.driver.evaluators)
+    # every slot that was started (an evaluator starts when its first evaluation is due)
+    started = [s for s in run.driver.collectors + run.driver.evaluators if s.handle is not None]
+    assert run.driver.collectors and all(s.handle is not None for s in run.driver.collectors)
+    assert len(pings) >= len(started)
     assert ray.util.placement_group_table(run.driver.placement.placement_group)["state"] == "REMOVED"
     assert not alive_after({p["pid"] for p in pings})
 
@@ -132,5 +135,7 @@ def test_fault_on_every_incarnation_exhausts_max_actor_restarts(run_async, tmp_p
     assert run.stats.collector_restarts == 1 and run.stats.collector_failures == 2
     assert run.stats.results == 0 and run.driver.core.buffer.pushed_transitions == 0
     incarnations = sorted(p["incarnation"] for p in run.probe.actor_pings() if p["actor_id"] == 0)
-    assert incarnations == [0, 0, 1]  # collector 0 twice, evaluator 0 once
+    assert incarnations == [0, 1]  # collector 0 twice
+    # the run stopped before its first evaluation was due: the evaluator was never started
+    assert not run.probe.evals and run.driver.evaluators[0].handle is None
     _assert_cleaned_up(run, ray_cluster, alive_after)
