@@ -95,8 +95,9 @@ def async_sweep(ray_cluster, tmp_path_factory):
     from muzero_tune.tune.sweep import run_sweep
 
     storage = tmp_path_factory.mktemp("tune_async")
+    # 400 env steps: 100 train steps, 5 reports a trial (every check below needs 2)
     return run_sweep(
-        "quickstart", overrides=tiny(storage), max_concurrent=4, name="sync_vs_async",
+        "quickstart", overrides=tiny(storage, max_env_step=400), max_concurrent=4, name="sync_vs_async",
         param_space_extra={AP + "weight_sync_interval": 4, AP + "max_policy_lag": 8},
     )
 
