@@ -8,10 +8,10 @@ launch at that version -- and return frozen results tagged with the version they
 Event loop (single thread, ``ray.wait`` based):
 1. handle finished actor work: push collect results (one train budget per collect once trainable),
    record evaluations (checkpoint = the exact evaluated snapshot), restart failed or hung actors;
-2. launch an evaluation when due, on an immutable snapshot (an evaluator actor is started when its first
-   evaluation is due, not with the collectors: on two cores its start-up, ~5 CPU-s of imports and model
-   building, would otherwise compete with the collector's and the learner's first seconds, and a run
-   that never evaluates never pays it);
+2. launch an evaluation when due, on an immutable snapshot (evaluator actors are started once the
+   collectors have answered, and not waited for: on two cores an evaluator's start-up, ~5 CPU-s of imports
+   and model building, would otherwise delay the collectors' own start-up and the first collect; an
+   evaluation launched before its evaluator answered is queued behind its start-up);
 3. launch collects on idle collectors (publishing a snapshot per weight_sync_interval / max_policy_lag),
    unless the train-budget queue is full while training can run (backpressure);
 4. train a chunk of at most ``max_train_chunk_steps`` steps, then go back to 1;
@@ -191,12 +191,12 @@ class AsyncDriver:
     @property
     def actor_info(self) -> list[dict]:
         """The first ping reply of every actor that has answered one, in slot order (collectors, then
-        evaluators); an evaluator appears once it was started (when its first evaluation was due)."""
+        evaluators); an evaluator appears once it has answered (at the latest with its first result)."""
         return [s.info for s in self.collectors + self.evaluators if s.info is not None]
 
     def start_actors(self) -> None:
-        """Start the collectors and wait until every one answers; evaluators start later, when their first
-        evaluation is due (:meth:`_start_evaluator`)."""
+        """Start the collectors and wait until every one answers, then start the evaluators without waiting
+        for them (:meth:`_start_evaluator`)."""
         slots = self.collectors
         for s in slots:
             self._spawn(s)
@@ -212,6 +212,8 @@ class AsyncDriver:
             )
         for s, info in zip(slots, self.ray.get(pings)):
             s.info = info
+        for s in self.evaluators:
+            self._start_evaluator(s)
 
     def _start_evaluator(self, slot: _Slot) -> None:
         """Spawn an evaluator without waiting for it: the evaluation launched next is queued behind its
@@ -349,7 +351,7 @@ class AsyncDriver:
             return
         slot = free[self._rr_eval % len(free)]
         self._rr_eval += 1
-        if slot.handle is None:
+        if slot.handle is None:  # start_actors was not called (tests driving the loop by hand)
             self._start_evaluator(slot)
         if self.published is not None and self.published.version == self.core.train_iter:
             snap, weights = self.published, self.published_weights
