@@ -8,10 +8,7 @@ launch at that version -- and return frozen results tagged with the version they
 Event loop (single thread, ``ray.wait`` based):
 1. handle finished actor work: push collect results (one train budget per collect once trainable),
    record evaluations (checkpoint = the exact evaluated snapshot), restart failed or hung actors;
-2. launch an evaluation when due, on an immutable snapshot (evaluator actors are started once the
-   collectors have answered, and not waited for: on two cores an evaluator's start-up, ~5 CPU-s of imports
-   and model building, would otherwise delay the collectors' own start-up and the first collect; an
-   evaluation launched before its evaluator answered is queued behind its start-up);
+2. launch an evaluation when due, on an immutable snapshot;
 3. launch collects on idle collectors (publishing a snapshot per weight_sync_interval / max_policy_lag),
    unless the train-budget queue is full while training can run (backpressure);
 4. train a chunk of at most ``max_train_chunk_steps`` steps, then go back to 1;
@@ -68,9 +65,6 @@ class _Slot:
     incarnation: int = 0
     restarts: int = 0
     busy_s: float = 0.0
-    info: dict | None = None  # the reply to its first answered ping (pid, placement group, node)
-    starting: Any = None  # the ping of an actor started during the run, until it answers
-    t_spawn: float = 0.0  # monotonic time of the last spawn
 
 
 @dataclass
@@ -186,18 +180,9 @@ class AsyncDriver:
             .options(**opts)
             .remote(self.core.flat_config, slot.index, slot.incarnation, self.fault, gpus)
         )
-        slot.t_spawn = time.monotonic()
-
-    @property
-    def actor_info(self) -> list[dict]:
-        """The first ping reply of every actor that has answered one, in slot order (collectors, then
-        evaluators); an evaluator appears once it has answered (at the latest with its first result)."""
-        return [s.info for s in self.collectors + self.evaluators if s.info is not None]
 
     def start_actors(self) -> None:
-        """Start the collectors and wait until every one answers, then start the evaluators without waiting
-        for them (:meth:`_start_evaluator`)."""
-        slots = self.collectors
+        slots = self.collectors + self.evaluators
         for s in slots:
             self._spawn(s)
         pings = [s.handle.ping.remote() for s in slots]
@@ -206,53 +191,11 @@ class AsyncDriver:
             from muzero_tune.pipeline.placement import bundles
 
             raise RuntimeError(
-                f"only {len(ready)} of {len(pings)} collector actors started within "
+                f"only {len(ready)} of {len(pings)} actors started within "
                 f"{self.ap.actor_start_timeout_s:g} s (policy.async_pipeline.actor_start_timeout_s); "
                 f"resources: {describe_shortfall(bundles(self.cfg))}"
             )
-        for s, info in zip(slots, self.ray.get(pings)):
-            s.info = info
-        for s in self.evaluators:
-            self._start_evaluator(s)
-
-    def _start_evaluator(self, slot: _Slot) -> None:
-        """Spawn an evaluator without waiting for it: the evaluation launched next is queued behind its
-        start-up; its ping is watched by :meth:`_poll_starts` (start-up bounded by actor_start_timeout_s, and
-        the evaluation's own timeout counted from when the actor answered)."""
-        self._spawn(slot)
-        slot.starting = slot.handle.ping.remote()
-
-    def _started(self, slot: _Slot, info: dict | None) -> None:
-        slot.starting = None
-        if slot.info is None and info is not None:
-            slot.info = info
-        now = time.monotonic()
-        for launch in self.evals.values():  # their timeout counts from now: the start-up is not the eval's
-            if launch.slot is slot:
-                launch.t_launch = now
-
-    def _poll_starts(self) -> None:
-        """Record the answer of actors started during the run; restart one that does not answer within
-        actor_start_timeout_s."""
-        for slot in self.evaluators:
-            if slot.starting is None:
-                continue
-            if self.ray.wait([slot.starting], timeout=0)[0]:
-                try:
-                    info = self.ray.get(slot.starting)
-                except Exception:  # died while starting: its evaluation fails too and is handled there
-                    info = None
-                self._started(slot, info)
-            elif time.monotonic() - slot.t_spawn > self.ap.actor_start_timeout_s:
-                for ref, launch in list(self.evals.items()):
-                    if launch.slot is slot:
-                        self.evals.pop(ref)
-                slot.starting = None
-                self._restart(
-                    slot,
-                    f"did not start within {self.ap.actor_start_timeout_s:g} s "
-                    "(policy.async_pipeline.actor_start_timeout_s)",
-                )
+        self.actor_info = self.ray.get(pings)  # in slot order: collectors, then evaluators
 
     def _restart(self, slot: _Slot, why: str) -> None:
         """Replace a failed or hung actor and count it; raise once its restarts are exhausted."""
@@ -292,8 +235,7 @@ class AsyncDriver:
             ready, _ = self.ray.wait([ping], timeout=max(0.0, deadline - time.monotonic()))
             if ready:
                 try:
-                    info = self.ray.get(ready[0])
-                    self._started(slot, info)
+                    self.ray.get(ready[0])
                     return
                 except Exception as e:
                     st.start_retries += 1
@@ -351,8 +293,6 @@ class AsyncDriver:
             return
         slot = free[self._rr_eval % len(free)]
         self._rr_eval += 1
-        if slot.handle is None:  # start_actors was not called (tests driving the loop by hand)
-            self._start_evaluator(slot)
         if self.published is not None and self.published.version == self.core.train_iter:
             snap, weights = self.published, self.published_weights
         else:
@@ -427,8 +367,6 @@ class AsyncDriver:
             launch.slot.busy_s += time.monotonic() - launch.t_launch
             try:
                 result = self.ray.get(ref)
-                if launch.slot.starting is not None:  # its ping was queued before this call: answered
-                    self._started(launch.slot, self.ray.get(launch.slot.starting))
             except Exception as e:  # actor died or raised: drop its in-flight work whole, restart it
                 if launch.slot.kind == "collector":
                     self.stats.dropped_collects += 1
@@ -443,8 +381,6 @@ class AsyncDriver:
             (self.evals, self.ap.eval_timeout_s),
         ):
             for ref, launch in list(table.items()):
-                if launch.slot.starting is not None:  # still starting: actor_start_timeout_s applies
-                    continue
                 if now - launch.t_launch > limit:
                     if self.ray.wait([ref], timeout=0)[0]:  # finished meanwhile: handled next pass
                         continue
@@ -454,7 +390,6 @@ class AsyncDriver:
                     self._restart(launch.slot, f"no result within {limit:g} s (hung)")
 
     def process_completed(self, timeout: float = 0.0) -> None:
-        self._poll_starts()
         pending = list(self.collects) + list(self.evals)
         if not pending:
             if timeout > 0:
@@ -575,22 +510,11 @@ class AsyncDriver:
         self._finish_evals(reason)
         return RunSummary(reason, core.counters.env_steps, core.train_iter, self.eval_rows, core.wall_s())
 
-    def _drain_evals(self) -> None:
-        """Handle in-flight evaluations until none is left or each has had its eval_timeout_s (counted from
-        when its evaluator answered: one still starting is bounded by actor_start_timeout_s instead);
-        :meth:`_check_timeouts` restarts a hung one."""
-        t_end = time.monotonic() + self.ap.eval_timeout_s
-        while self.evals:
-            launches = list(self.evals.values())
-            if not any(launch.slot.starting is not None for launch in launches):
-                t_end = max(t_end, max(launch.t_launch for launch in launches) + self.ap.eval_timeout_s)
-                if time.monotonic() >= t_end:
-                    return
-            self.process_completed(self.ap.poll_interval_s)
-
     def _finish_evals(self, reason: str) -> None:
         """Collect in-flight evaluations and, like the sync driver, evaluate the final weights once."""
-        self._drain_evals()
+        deadline = time.monotonic() + self.ap.eval_timeout_s
+        while self.evals and time.monotonic() < deadline:
+            self.process_completed(self.ap.poll_interval_s)
         if (
             reason not in ("stop_value", "max_wall_s")
             and self.core.counters.last_eval_iter != self.core.train_iter
@@ -598,7 +522,9 @@ class AsyncDriver:
             self.last_eval_launch = None
             self._maybe_launch_eval(force=True)
             # its own timeout: a hung evaluation above (and its restart) may have used up the first one
-            self._drain_evals()
+            deadline = time.monotonic() + self.ap.eval_timeout_s
+            while self.evals and time.monotonic() < deadline:
+                self.process_completed(self.ap.poll_interval_s)
 
     def shutdown(self) -> None:
         """Close actors within shutdown_timeout_s, then kill the rest; remove our placement group."""
