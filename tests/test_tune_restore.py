@@ -26,7 +26,7 @@ from muzero_tune.tune.trainable import CHECKPOINT_FILE
 
 HELPER = os.path.join(os.path.dirname(__file__), "tune_helpers", "sweep_proc.py")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MAX_ENV_STEP = 800  # the kill comes at 3 checkpoints (~250-350 env steps); the resumed trials finish the rest
+MAX_ENV_STEP = 1000
 AP = "policy.async_pipeline."
 
 
