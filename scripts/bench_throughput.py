@@ -159,14 +159,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import ray
 
-    from muzero_tune.pipeline.cluster import LOCAL_RAY_SYSTEM_CONFIG
-
-    ray.init(
-        num_cpus=max(4, 2 + max(args.collectors)),
-        include_dashboard=False,
-        log_to_driver=False,
-        _system_config=LOCAL_RAY_SYSTEM_CONFIG,  # actors at the driver's nice level, as the library does
-    )
+    ray.init(num_cpus=max(4, 2 + max(args.collectors)), include_dashboard=False, log_to_driver=False)
     rounds: list[list[dict]] = []
     try:
         # interleaved rounds (sync, async x n..., sync, async x n...): the shared machine's drift hits both

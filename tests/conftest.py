@@ -18,11 +18,6 @@ import pytest
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 os.environ["RAY_AUTH_MODE"] = "disabled"
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-# Ray's workers (actors, Tune trials) at the tests' own nice level, also where Tune or a subprocess starts
-# Ray itself: Ray's default puts them 15 levels lower, where other work on the machine starves them (a loaded
-# machine made the Tune fixtures' setup take minutes). The library's own ray.init sets the same
-# (muzero_tune.pipeline.cluster.LOCAL_RAY_SYSTEM_CONFIG).
-os.environ.setdefault("RAY_worker_niceness", "0")
 
 # every async run in the tests: tiny networks and searches, short segments, no early stop
 ASYNC_SMALL = {
@@ -52,10 +47,7 @@ def ray_cluster():
 
     started = not ray.is_initialized()
     if started:
-        from muzero_tune.pipeline.cluster import LOCAL_RAY_SYSTEM_CONFIG
-
-        ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False,
-                 _system_config=LOCAL_RAY_SYSTEM_CONFIG)
+        ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False)
     yield ray
     if started:
         ray.shutdown()

@@ -25,15 +25,12 @@ def three_nodes():
     import ray
     from ray.cluster_utils import Cluster
 
-    from muzero_tune.pipeline.cluster import LOCAL_RAY_SYSTEM_CONFIG
-
     was_local = ray.is_initialized()
     if was_local:
         ray.shutdown()
     cluster = Cluster(
         initialize_head=True,
-        head_node_args={"num_cpus": HEAD_CPUS, "include_dashboard": False,
-                        "_system_config": LOCAL_RAY_SYSTEM_CONFIG},
+        head_node_args={"num_cpus": HEAD_CPUS, "include_dashboard": False},
     )
     workers = [cluster.add_node(num_cpus=WORKER_CPUS) for _ in range(2)]
     ray.init(address=cluster.address, log_to_driver=False)
@@ -42,10 +39,7 @@ def three_nodes():
     ray.shutdown()
     cluster.shutdown()
     if was_local:  # the session fixture's local Ray, as conftest.ray_cluster starts it
-        from muzero_tune.pipeline.cluster import LOCAL_RAY_SYSTEM_CONFIG
-
-        ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False,
-                 _system_config=LOCAL_RAY_SYSTEM_CONFIG)
+        ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
 
 
 def _nodes_alive(ray) -> set[str]:

@@ -15,13 +15,6 @@ from muzero_tune.errors import UserError
 
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
 
-# Ray runs its worker processes (our collector and evaluator actors) 15 nice levels below the process that
-# started it (capped at 19); the learner runs in that process, at its own level. On a machine with other work
-# on it the collector then gets a sliver of a core (CFS weight 36 against 1024 at nice 0 vs 15), and the
-# async pipeline cannot overlap collection with learning -- measured here: a 40 s async CartPole run under
-# load never reached its first train step. The collector is as much our work as the learner: same level.
-LOCAL_RAY_SYSTEM_CONFIG = {"worker_niceness": 0}
-
 
 class ClusterError(UserError):
     """A Ray cluster to join cannot be reached or used; the message names the address."""
@@ -85,8 +78,7 @@ def start_or_join(
     *, num_cpus: int, address: str | None = None, connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
 ) -> None:
     """Join ``address`` (or ``RAY_ADDRESS``) when one is given, else start a local Ray with num_cpus logical
-    CPUs whose workers run at this process's nice level (:data:`LOCAL_RAY_SYSTEM_CONFIG`). No-op if Ray is
-    already initialised in this process."""
+    CPUs. No-op if Ray is already initialised in this process."""
     import ray
 
     if ray.is_initialized():
@@ -105,7 +97,6 @@ def start_or_join(
         include_dashboard=False,
         ignore_reinit_error=True,
         log_to_driver=True,
-        _system_config=LOCAL_RAY_SYSTEM_CONFIG,
     )
 
 
