@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> None:
                 f"{r.get('learner_idle', float('nan')):>12.2f} "
                 f"{r.get('collector_idle', float('nan')):>14.2f} {r.get('lag_mean', float('nan')):>6.1f}"
             )
-        if "steady_train_per_s" in sync:
+        if sync.get("steady_train_per_s", 0.0) > 0:  # no ratio against a sync run that never trained
             print(
                 "steady window (first progress row with training -> end; actor start-up and the first "
                 "collect left out): train/s, and its ratio to sync's = env steps/s at sync's replay ratio"

@@ -95,8 +95,9 @@ def async_sweep(ray_cluster, tmp_path_factory):
     from muzero_tune.tune.sweep import run_sweep
 
     storage = tmp_path_factory.mktemp("tune_async")
+    # 400 env steps: 100 train steps, 5 reports a trial (every check below needs 2)
     return run_sweep(
-        "quickstart", overrides=tiny(storage), max_concurrent=4, name="sync_vs_async",
+        "quickstart", overrides=tiny(storage, max_env_step=400), max_concurrent=4, name="sync_vs_async",
         param_space_extra={AP + "weight_sync_interval": 4, AP + "max_policy_lag": 8},
     )
 
@@ -114,7 +115,9 @@ def sync_fault(ray_cluster, tmp_path_factory):
     from muzero_tune.tune.sweep import _run_config
 
     storage = tmp_path_factory.mktemp("tune_fault")
-    fault_cfg = {"tune.max_failures": 1, "tune.checkpoint_num_to_keep": None, "tune.save_replay_buffer": True}
+    # 400 env steps: 100 train steps, 5 reports (the test needs the fault after report 2 and 4 reports)
+    fault_cfg = {"tune.max_failures": 1, "tune.checkpoint_num_to_keep": None, "tune.save_replay_buffer": True,
+                 "max_env_step": 400}
     cfg = make_config("cartpole_muzero", overrides=tiny(storage, **fault_cfg))
     name = "fault"
     uri = default_tracking_uri(str(storage))
@@ -262,7 +265,7 @@ def test_optuna_sweep_over_the_policy_lag_space_runs_its_trials_to_completion(ra
     from muzero_tune.tune.sweep import run_sweep
 
     res = run_sweep("policy_lag_optuna", samples=3, max_concurrent=2, name="optuna",
-                    overrides=tiny(tmp_path, max_env_step=300))
+                    overrides=tiny(tmp_path, max_env_step=200))  # 50 train steps: 2 reports + the final one
     results = res.results
     assert len(results) == 3
     assert results.num_errors == 0 and results.num_terminated == 3
