@@ -487,7 +487,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "learn.weight_decay": 1e-4,
         "learn.replay_ratio": 0.25,
         "learn.ssl_loss_weight": 2.0,  # SSL consistency loss on (EfficientZero)
-        "model.channels_last": True,  # conv learner ~1.3x faster on this CPU (pipeline/learner.place_model)
+        "model.channels_last": True,  # conv learner ~1.3x faster on this CPU (models/layout.place_model)
         "learn.train_start_after_envsteps": 2_000,
         "learn.device": "auto",
         "eval.eval_freq": 2_000,
