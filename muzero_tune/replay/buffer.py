@@ -188,12 +188,13 @@ class ReplayBuffer:
         buffer to gathering from the segments themselves (the same values, per-sample work), with a
         ``RuntimeWarning`` naming the columns that differ (once per buffer)."""
         cols = segment_columns(seg)
+        signature = column_signature(cols)
         if self._steps is None and self._flat:
-            self._steps = ColumnStore(column_signature(cols), on_move=self._repoint_steps)
+            self._steps = ColumnStore(signature, on_move=self._repoint_steps)
             self._ids = ColumnStore(column_signature({"ids": seg.frames.ids}), on_move=self._repoint_frames)
-        if self._flat and column_signature(cols) != self._steps.signature:
+        if self._flat and signature != self._steps.signature:
             self._flat = False
-            first, this = set(self._steps.signature), set(column_signature(cols))
+            first, this = set(self._steps.signature), set(signature)
             warnings.warn(
                 f"ReplayBuffer: a pushed segment's columns differ from the first segment's (only the first: "
                 f"{sorted(first - this)}; only this one: {sorted(this - first)}, as (name, dtype, trailing "
