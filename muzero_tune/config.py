@@ -124,6 +124,12 @@ class MctsConfig:
         0.25, "weight of the root Dirichlet noise when collecting", ge=0.0, le=1.0
     )
     value_delta_max: float = param(0.01, "smallest min-max range used to normalise Q", ge=0.0)
+    unvisited_q: str = param(
+        "min",
+        "pUCT, collect and reanalyze searches: an unvisited child's Q is min (0 after min-max) or parent "
+        "(its parent's mean value)",
+        choices=("min", "parent"),
+    )
     deterministic_eval: bool = param(True, "evaluation breaks score ties by the lowest action index")
 
 
@@ -226,6 +232,12 @@ class EvalConfig:
     eval_freq: int = param(200, "evaluate every this many train steps", ge=1)
     n_episodes: int = param(8, "episodes per evaluation", ge=1)
     max_episode_steps: int | None = param(None, "cap on steps per evaluation episode", ge=1)
+    unvisited_q: str = param(
+        "parent",
+        "pUCT, evaluation searches (no root noise): an unvisited child's Q is parent (its parent's mean "
+        "value) or min (0 after min-max)",
+        choices=("parent", "min"),
+    )
 
 
 @dataclass(frozen=True)

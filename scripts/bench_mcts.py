@@ -80,6 +80,7 @@ def time_kernels(
         t.children, t.prior, t.kind, t.visit_count, t.value_sum, t.reward, t.min_value, t.max_value,
         t.root_legal, t.scores, t.path, t.path_len, t.sel_parent, t.sel_action, t.sel_kind, batch_size,
         num_actions, num_actions, pb_c_base, pb_c_init, discount, value_delta_max, True, 0,
+        puct.UNVISITED_MIN,
     )  # fmt: skip
     backup_args = (t.path, t.path_len, t.sel_parent, t.sel_action, t.sel_kind, t.leaf_reward, t.leaf_value,
                    t.leaf_logits)  # fmt: skip

@@ -63,7 +63,7 @@ def _legal_masks(rng: np.random.Generator, batch_size: int, num_actions: int) ->
     return mask
 
 
-def _run_both(model, search, states, legal, *, add_noise, seed, discount, num_simulations):
+def _run_both(model, search, states, legal, *, add_noise, seed, discount, num_simulations, unvisited_q="min"):
     out = search.run(
         root_latent=model.latent(states),
         root_policy_logits=model.root_logits(states),
@@ -85,6 +85,7 @@ def _run_both(model, search, states, legal, *, add_noise, seed, discount, num_si
         deterministic=True,
         rng=np.random.default_rng(seed),
         discount=discount,
+        unvisited_q=unvisited_q,
     )
     return out, ref
 
@@ -122,8 +123,9 @@ def _assert_same(out: SearchOutput, ref: SearchOutput) -> None:
     ],
 )
 @pytest.mark.parametrize("add_noise", [False, True])
+@pytest.mark.parametrize("unvisited_q", ["parent", "min"])
 def test_kernel_search_matches_reference(
-    batch_size, num_actions, num_simulations, discount, value_scale, add_noise
+    batch_size, num_actions, num_simulations, discount, value_scale, add_noise, unvisited_q
 ):
     model = TabularModel(
         num_actions=num_actions, seed=100 * batch_size + num_actions, value_scale=value_scale
@@ -131,7 +133,9 @@ def test_kernel_search_matches_reference(
     rng = np.random.default_rng(7)
     states = rng.integers(0, 509, size=batch_size)
     legal = _legal_masks(rng, batch_size, num_actions)
-    search = MuZeroSearch(num_actions=num_actions, num_simulations=num_simulations, discount=discount)
+    search = MuZeroSearch(
+        num_actions=num_actions, num_simulations=num_simulations, discount=discount, unvisited_q=unvisited_q
+    )
     out, ref = _run_both(
         model,
         search,
@@ -141,6 +145,7 @@ def test_kernel_search_matches_reference(
         seed=11,
         discount=discount,
         num_simulations=num_simulations,
+        unvisited_q=unvisited_q,
     )
     _assert_same(out, ref)
     assert model.calls == 2 * num_simulations  # one batched call per simulation in each search

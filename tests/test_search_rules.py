@@ -5,7 +5,9 @@ Schrittwieser et al. 2020, appendix B; the root's initial inference counted as i
 LightZero), with c(N) = 1.25 + ln((N + 19653) / 19652) (pb_c_init 1.25, pb_c_base 19652; c(N) ~ 1.2500 +
 N / 19652, which never decides a comparison here). The search runs in deterministic mode; running it with
 S = 1, 2, ... simulations gives the root action of each simulation, since a deterministic search with S + 1
-simulations repeats the first S.
+simulations repeats the first S. The trees written for the MuZero paper's rule score an unvisited child with
+Q_norm 0 (``unvisited_q="min"``, the collect default); the last tests pin the evaluation default, the
+parent's mean value (``"parent"``).
 """
 
 from __future__ import annotations
@@ -39,9 +41,12 @@ class ChainModel:
         )
 
 
-def _root_visits(model: ChainModel, sims: int, *, discount: float, legal=None) -> np.ndarray:
+def _root_visits(model: ChainModel, sims: int, *, discount: float, legal=None, unvisited_q="min"):
+    """Root visit counts [A] of a deterministic, noiseless search with ``sims`` simulations."""
     num_actions = model.logits.shape[1]
-    search = MuZeroSearch(num_actions=num_actions, num_simulations=sims, discount=discount)
+    search = MuZeroSearch(
+        num_actions=num_actions, num_simulations=sims, discount=discount, unvisited_q=unvisited_q
+    )
     out = search.run(
         root_latent=torch.zeros(1, 1, dtype=torch.float64),
         root_policy_logits=model.logits[:1],
@@ -55,11 +60,11 @@ def _root_visits(model: ChainModel, sims: int, *, discount: float, legal=None) -
     return out.visit_counts[0]
 
 
-def _root_sequence(model: ChainModel, sims: int, *, discount: float) -> list[int]:
+def _root_sequence(model: ChainModel, sims: int, *, discount: float, unvisited_q="min") -> list[int]:
     """The root action of each of the first ``sims`` simulations."""
     seq, before = [], np.zeros(model.logits.shape[1], int)
     for s in range(1, sims + 1):
-        after = _root_visits(model, s, discount=discount)
+        after = _root_visits(model, s, discount=discount, unvisited_q=unvisited_q)
         (changed,) = np.flatnonzero(after - before)
         seq.append(int(changed))
         before = after
@@ -168,3 +173,68 @@ def test_stochastic_search_first_simulation_follows_the_prior():
         root_value=np.array([20.0]),
     )
     np.testing.assert_array_equal(out.visit_counts[0], [0, 0, 0, 25])
+
+
+def _losing_favourite() -> ChainModel:
+    """2 actions, discount 1, root prior [0.9, 0.1] (logits ln 9, 0), root value 10. a0 -> state A (reward 0,
+    value 0; A -> A the same); a1 -> state B (reward 0, value 10; B -> B the same); uniform logits below."""
+    return ChainModel(
+        next_state=[[1, 2], [1, 1], [2, 2]],
+        reward=[[0.0, 0.0], [0.0, 0.0], [0.0, 0.0]],
+        value=[10.0, 0.0, 10.0],
+        logits=[[math.log(9.0), 0.0], [0.0, 0.0], [0.0, 0.0]],
+    )
+
+
+def test_an_unvisited_child_is_scored_with_its_parents_value():
+    """The evaluation default (``unvisited_q="parent"``): an unvisited child's Q_norm is normalise(value_sum /
+    visit_count) of the node it hangs from. Tree: :func:`_losing_favourite`.
+
+    Every simulation before a1's first goes to a0 and backs up G = 0, so after simulation s - 1 the root has
+    N = s + 1 visits (its counted one included), n0 = s, value_sum 10 and mean value 10 / N; min-max holds
+    the root's seeded Q 10, Q(A) = 0 and the root's Q 10 / N: [0, 10], so Q_norm(A) = 0 and the unvisited a1
+    gets Q_norm 1 / N. With c = c(N) ~ 1.25:
+        a0: 0 + 0.9 * sqrt(N) / N * c = 1.125 / sqrt(N);    a1: 1 / N + 0.1 * sqrt(N) * c.
+    sim 0 (N = 1): min-max holds only the seeded 10 (span floored at value_delta_max), so a1's Q_norm is
+        normalise(10) = 0: a0 1.125 against 0.125 -> a0.
+    sim 4 (N = 5): 0.503 against 0.2 + 0.280 = 0.480 -> a0.
+    sim 5 (N = 6): 0.459 against 0.167 + 0.306 = 0.473 -> a1.
+    Under the MuZero paper's rule (Q_norm 0) a1 scores only 0.1 * sqrt(N) * c and waits until N = 10.
+    """
+    model = _losing_favourite()
+    assert _root_sequence(model, 6, discount=1.0, unvisited_q="parent") == [0, 0, 0, 0, 0, 1]
+    assert _root_sequence(model, 6, discount=1.0, unvisited_q="min") == [0, 0, 0, 0, 0, 0]
+
+
+def test_the_parent_rule_holds_below_the_root():
+    """The same tree one level down: a root whose only legal action leads (reward 0, discount 1) to X, the
+    old root (value 10, prior [0.9, 0.1] over A and B).
+
+    sim 0 expands X (G = 10). At simulation s >= 1 the descent passes X with N(X) = s visits, mean 10 / s;
+    min-max holds the root's seeded 10, Q(X), Q(A) = 0 and the root's Q 20 / (s + 1) <= 10: [0, 10] as above.
+    So X at N(X) = N chooses as the root did at N: its first B comes at N(X) = 6, simulation 6 (7 in all),
+    and under the min rule not before N(X) = 10.
+    """
+    base = _losing_favourite()
+    model = ChainModel(
+        next_state=[[1, 1], [2, 3], [2, 2], [3, 3]],
+        reward=[[0.0, 0.0]] * 4,
+        value=[10.0, 10.0, 0.0, 10.0],
+        logits=[[0.0, 0.0], base.logits[0].tolist(), [0.0, 0.0], [0.0, 0.0]],
+    )
+    for rule, b_visits in (("parent", 1), ("min", 0)):
+        search = MuZeroSearch(num_actions=2, num_simulations=7, discount=1.0, unvisited_q=rule)
+        search.run(
+            root_latent=torch.zeros(1, 1, dtype=torch.float64),
+            root_policy_logits=model.logits[:1],
+            legal_mask=np.array([[True, False]]),
+            recurrent_fn=model,
+            add_noise=False,
+            deterministic=True,
+            rng=np.random.default_rng(0),
+            root_value=model.value[:1],
+        )
+        t = search.tree
+        x = t.children[0, 0, 0]
+        b = t.children[0, x, 1]
+        assert (t.visit_count[0, b] if b >= 0 else 0) == b_visits, rule

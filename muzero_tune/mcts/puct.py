@@ -10,8 +10,14 @@ What this module owns
 The rule
     Score of edge ``a`` at a decision node with ``N`` visits (the root's include its counted first visit):
     ``Q_norm(child) + prior(a) * sqrt(N) / (1 + n(a)) * (pb_c_init + log((N + pb_c_base + 1) / pb_c_base))``,
-    ``Q_norm = normalise(Q(child))`` for a visited child and 0 for an unvisited one; illegal root edges score
-    -inf. Ties: lowest index if ``deterministic``, else uniform (numba RNG) among the edges within
+    ``Q_norm = normalise(Q(child))`` for a visited child; for an unvisited one either 0, the bottom of the
+    min-max span (``UNVISITED_MIN``: the MuZero paper's pseudocode, mctx's
+    ``qtransform_by_parent_and_siblings``), or ``normalise(v(node))``, the node's own mean value
+    ``value_sum / visit_count`` (``UNVISITED_PARENT``: an untried action is assumed worth what the state is
+    worth so far; the reference system uses its visited children's mean Q). Under the min rule a search
+    without root noise rarely tries an action the prior ranks low, so it follows the prior; the parent rule
+    is the evaluation default for that reason (README, "LunarLander"). Illegal root edges score -inf.
+    Ties: lowest index if ``deterministic``, else uniform (numba RNG) among the edges within
     ``TIE_TOLERANCE`` of the maximum.
 
 What it must never do
@@ -28,17 +34,27 @@ import numpy as np
 from muzero_tune.mcts.chance import chance_edge
 from muzero_tune.mcts.kernels import CHANCE, TIE_TOLERANCE, end_descent, node_discount, normalise
 
+# The Q an unvisited child is scored with (``unvisited_q`` of the kernels): 0 after normalisation, or the
+# normalised mean value of the node being expanded from.
+UNVISITED_MIN = 0
+UNVISITED_PARENT = 1
+UNVISITED_Q = {"min": UNVISITED_MIN, "parent": UNVISITED_PARENT}
+
 # fmt: off
 # The kernels take every tree array explicitly (numba compiles one signature per kernel); one argument per
 # line would make each signature and call 20-30 lines long, so the formatter leaves this module as written.
 
 @numba.njit(cache=True, _nrt=False, inline="always")
 def puct_edge(children, prior, kind, visit_count, value_sum, reward, root_legal, scores, b, node, lo, hi,
-              num_actions, pb_c_base, pb_c_init, discount, value_delta_max, deterministic, chance_edges):
+              num_actions, pb_c_base, pb_c_init, discount, value_delta_max, deterministic, chance_edges,
+              unvisited_q):
     """The pUCT edge at decision node ``node`` of tree ``b`` (module rule); scores [Bc, W] is scratch."""
     n_parent = visit_count[b, node]
     sqrt_n = math.sqrt(n_parent)
     pb_c = pb_c_init + math.log((n_parent + pb_c_base + 1.0) / pb_c_base)
+    q_unvisited = 0.0
+    if unvisited_q == UNVISITED_PARENT:
+        q_unvisited = normalise(value_sum[b, node] / n_parent, lo, hi, value_delta_max)
     best_score = -np.inf
     second_score = -np.inf
     action = -1
@@ -48,7 +64,7 @@ def puct_edge(children, prior, kind, visit_count, value_sum, reward, root_legal,
         else:
             child = children[b, node, a]
             n_child = 0
-            q_norm = 0.0
+            q_norm = q_unvisited
             if child >= 0:
                 n_child = visit_count[b, child]
                 d = node_discount(kind, b, child, discount, chance_edges)
@@ -87,11 +103,12 @@ def _make_select_leaves(chance_edges):
     def select_leaves(children, prior, kind, visit_count, value_sum, reward, min_value, max_value,
                       root_legal, scores, path, path_len, sel_parent, sel_action, sel_kind, batch_size,
                       num_actions, num_chances, pb_c_base, pb_c_init, discount, value_delta_max,
-                      deterministic, chance_mode):
+                      deterministic, chance_mode, unvisited_q):
         """Descend every tree from the root until an unexpanded edge is chosen.
 
         Writes path[b, :path_len[b]] (root .. parent), sel_parent[b], sel_action[b] and sel_kind[b] (the kind
-        of sel_parent: which network call expands the edge) for b < batch_size. Without chance edges every
+        of sel_parent: which network call expands the edge) for b < batch_size. ``unvisited_q``: one of
+        :data:`UNVISITED_Q`'s values. Without chance edges every
         node is a decision node and the chance rule is not compiled in.
         """
         for b in range(batch_size):
@@ -106,7 +123,7 @@ def _make_select_leaves(chance_edges):
                 else:
                     edge = puct_edge(children, prior, kind, visit_count, value_sum, reward, root_legal,
                                      scores, b, node, lo, hi, num_actions, pb_c_base, pb_c_init, discount,
-                                     value_delta_max, deterministic, chance_edges)
+                                     value_delta_max, deterministic, chance_edges, unvisited_q)
                 child = children[b, node, edge]
                 if child < 0:
                     break

@@ -38,7 +38,8 @@ The rules (shared)
 
 MuZero selection (pUCT) at a decision node with visit count N
     score(a) = Q_norm(child) + prior(a) * sqrt(N) / (1 + n(a)) * (pb_c_init + log((N + pb_c_base + 1) /
-    pb_c_base)); Q_norm = normalise(Q(child)) for visited children, 0 for unvisited ones. Ties: lowest
+    pb_c_base)); Q_norm = normalise(Q(child)) for visited children; for unvisited ones normalise(value_sum /
+    visit_count) of the node itself (``unvisited_q="parent"``) or 0 (``"min"``). Ties: lowest
     action index when deterministic, else uniform among scores within 1e-9 of the max (here drawn from
     ``rng``; the kernels use numba's RNG, so only deterministic runs are comparable bit for bit).
 
@@ -199,10 +200,14 @@ def _puct_edge(
     discount: float,
     value_delta_max: float,
     deterministic: bool,
+    unvisited_q: str,
     tie_break,
 ) -> int:
     n_parent = node.visit_count
     pb_c = pb_c_init + math.log((n_parent + pb_c_base + 1.0) / pb_c_base)
+    q_unvisited = 0.0
+    if unvisited_q == "parent":
+        q_unvisited = minmax.normalise(node.value_sum / n_parent, value_delta_max)
     scores = []
     for a in range(len(legal) if is_root else len(node.priors)):
         if is_root and not legal[a]:
@@ -210,7 +215,7 @@ def _puct_edge(
             continue
         child = node.children[a]
         if child is None:
-            n_child, q_norm = 0, 0.0
+            n_child, q_norm = 0, q_unvisited
         else:
             n_child, q_norm = child.visit_count, minmax.normalise(child.q(discount), value_delta_max)
         scores.append(q_norm + node.priors[a] * math.sqrt(n_parent) / (1.0 + n_child) * pb_c)
@@ -257,6 +262,7 @@ def reference_search(
     dirichlet_alpha: float = 0.3,
     noise_weight: float = 0.25,
     value_delta_max: float = 0.01,
+    unvisited_q: str = "min",
 ) -> SearchOutput:
     """MuZero's search (module rules); same arguments, randomness consumption and output as
     :meth:`muzero_tune.mcts.search.MuZeroSearch.run`."""
@@ -271,6 +277,7 @@ def reference_search(
         discount=discount,
         value_delta_max=value_delta_max,
         deterministic=deterministic,
+        unvisited_q=unvisited_q,
         tie_break=lambda n: int(rng.integers(0, n)),
     )
     with torch.no_grad():
@@ -329,6 +336,7 @@ def reference_stochastic_search(
     dirichlet_alpha: float = 0.3,
     noise_weight: float = 0.25,
     value_delta_max: float = 0.01,
+    unvisited_q: str = "min",
 ) -> tuple[np.ndarray, np.ndarray, list[_Node], int]:
     """Stochastic MuZero's search (module rules and :mod:`muzero_tune.mcts.chance`). Randomness: the same
     ``rng`` calls as :class:`~muzero_tune.mcts.stochastic.StochasticMuZeroSearch`, then a legacy
@@ -346,6 +354,7 @@ def reference_stochastic_search(
         discount=discount,
         value_delta_max=value_delta_max,
         deterministic=deterministic,
+        unvisited_q=unvisited_q,
         tie_break=lambda n: rs.randint(0, n),
     )
 
@@ -621,6 +630,7 @@ def reference_sampled_search(
     dirichlet_alpha: float = 0.3,
     noise_weight: float = 0.25,
     value_delta_max: float = 0.01,
+    unvisited_q: str = "min",
 ) -> SearchOutput:
     """Sampled MuZero's search (rules: :mod:`muzero_tune.mcts.sampled_kernels`; selection, noise, the root's
     counted visit and the backup as MuZero's); same arguments, randomness and output as
@@ -662,6 +672,7 @@ def reference_sampled_search(
         discount=discount,
         value_delta_max=value_delta_max,
         deterministic=deterministic,
+        unvisited_q=unvisited_q,
         tie_break=None if rs is None else (lambda n: rs.randint(0, n)),
     )
     with torch.no_grad():

@@ -525,6 +525,9 @@ class MuZeroSearch(TreeSearch):
     the prior, and ``root_value`` of the output is the mean over the network's root value and the
     ``num_simulations`` backed-up returns.
 
+    ``unvisited_q`` scores an unvisited child with the bottom of the min-max span (``"min"``, the MuZero
+    paper's rule) or with its parent's mean value (``"parent"``); :mod:`muzero_tune.mcts.puct` states both.
+
     Randomness consumed from ``rng`` per :meth:`run`: if ``add_noise``, one
     ``rng.standard_gamma(dirichlet_alpha, size=(B, A))`` call (normalised over the legal actions of each row
     it is a Dirichlet sample); then, if not ``deterministic``, one ``rng.integers`` call that seeds numba's
@@ -545,8 +548,10 @@ class MuZeroSearch(TreeSearch):
         dirichlet_alpha: float = 0.3,
         noise_weight: float = 0.25,
         value_delta_max: float = 0.01,
+        unvisited_q: str = "min",
         tree: TreeArrays | None = None,
     ) -> None:
+        _unvisited_code(unvisited_q)
         if dirichlet_alpha <= 0.0:
             raise ValueError(f"dirichlet_alpha must be > 0, got {dirichlet_alpha}")
         if not 0.0 <= noise_weight <= 1.0:
@@ -562,6 +567,14 @@ class MuZeroSearch(TreeSearch):
         self.pb_c_init = float(pb_c_init)
         self.dirichlet_alpha = float(dirichlet_alpha)
         self.noise_weight = float(noise_weight)
+        self.unvisited_q = unvisited_q
+        self._run_unvisited = _unvisited_code(unvisited_q)
+
+    def run(self, *, unvisited_q: str | None = None, **kwargs) -> SearchOutput:
+        """:meth:`TreeSearch.run`; ``unvisited_q`` (``"min"`` or ``"parent"``) overrides the instance's rule
+        for this run (a policy's evaluation searches use their own)."""
+        self._run_unvisited = _unvisited_code(self.unvisited_q if unvisited_q is None else unvisited_q)
+        return super().run(**kwargs)
 
     _chance_mode = 0  # unused without chance edges
 
@@ -588,9 +601,16 @@ class MuZeroSearch(TreeSearch):
             t.children, t.prior, t.kind, t.visit_count, t.value_sum, t.reward, t.min_value, t.max_value,
             t.root_legal, t.scores, t.path, t.path_len, t.sel_parent, t.sel_action, t.sel_kind, bsz,
             self._num_actions, self.num_chances, self.pb_c_base, self.pb_c_init, self.discount,
-            self.value_delta_max, deterministic, self._chance_mode,
+            self.value_delta_max, deterministic, self._chance_mode, self._run_unvisited,
         )  # fmt: skip
         return lambda sim: kernel(*args)
+
+
+def _unvisited_code(rule: str) -> int:
+    """The kernels' code of an ``unvisited_q`` rule name; a clear error for any other name."""
+    if rule not in puct.UNVISITED_Q:
+        raise ValueError(f"unvisited_q must be one of {sorted(puct.UNVISITED_Q)}, got {rule!r}")
+    return puct.UNVISITED_Q[rule]
 
 
 _FAST: dict = {}

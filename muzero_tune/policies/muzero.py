@@ -92,6 +92,7 @@ class MuZeroPolicy(Policy):
             dirichlet_alpha=m.root_dirichlet_alpha,
             noise_weight=m.root_noise_weight,
             value_delta_max=m.value_delta_max,
+            unvisited_q=m.unvisited_q,
         )
 
     def _make_search(self):
@@ -158,7 +159,8 @@ class MuZeroPolicy(Policy):
         """The search from roots given as the network sees them: ``root_latent`` [B, ...] (the search state),
         ``policy_logits`` [B, P] and ``value_logits`` [B, 2Sv+1] -> (SearchOutput, decoded root values [B]
         float32). The root value is the root's counted first visit; the network functions are
-        :meth:`_search_fns`."""
+        :meth:`_search_fns`. A search with root noise (collect, reanalyze) scores unvisited children by
+        ``mcts.unvisited_q``, one without (evaluation) by ``eval.unvisited_q``."""
         predicted = logits_to_scalar(value_logits.float(), support_size=model.value_support_size)
         out = self._search.run(
             root_latent=root_latent,
@@ -168,6 +170,7 @@ class MuZeroPolicy(Policy):
             deterministic=deterministic,
             rng=rng,
             root_value=predicted.cpu().numpy(),
+            unvisited_q=self.cfg.mcts.unvisited_q if add_noise else self.cfg.eval.unvisited_q,
             **self._search_fns(model),
         )
         return out, predicted.cpu().numpy().astype(np.float32)
