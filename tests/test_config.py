@@ -117,6 +117,7 @@ BAD = [
     ({"replay.priority_beta": 1.5}, "replay.priority_beta", "<= 1"),
     ({"mcts.discount": 0.0}, "mcts.discount", "> 0"),
     ({"learn.optimizer": "adm"}, "learn.optimizer", "did you mean 'adam'"),
+    ({"eval.unvisited_q": "mean"}, "eval.unvisited_q", "allowed: parent, min"),
     ({"env.frame_size_px": 80}, "env.frame_size_px", "allowed: 64, 96"),
     ({"env.env_id": "CartPol-v1"}, "env.env_id", "CartPole-v1"),
     ({"env.env_id": "NoSuchEnv-v9"}, "env.env_id", "unknown environment id"),

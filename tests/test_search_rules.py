@@ -238,3 +238,36 @@ def test_the_parent_rule_holds_below_the_root():
         x = t.children[0, 0, 0]
         b = t.children[0, x, 1]
         assert (t.visit_count[0, b] if b >= 0 else 0) == b_visits, rule
+
+
+def test_evaluation_uses_eval_unvisited_q_and_collection_mcts_unvisited_q():
+    """A policy's searches without root noise (evaluation) take ``eval.unvisited_q``; those with it (collect,
+    reanalyze) take ``mcts.unvisited_q``: each knob changes only its own searches."""
+    from muzero_tune.config import make_config
+    from muzero_tune.envs.factory import env_spec
+    from muzero_tune.policies.muzero import MuZeroPolicy
+
+    obs = np.random.default_rng(0).normal(size=(32, 4)).astype(np.float32)  # [B, 4] CartPole observations
+    mask = np.ones((32, 2), bool)
+
+    def visits(explore: bool, **overrides) -> np.ndarray:
+        cfg = make_config("cartpole_muzero", overrides={"seed": 0, **overrides})
+        policy = MuZeroPolicy(cfg, env_spec("CartPole-v1"))
+        torch.manual_seed(0)
+        model = policy.build_model().eval()
+        with torch.no_grad():  # a confident prior and spread values, so that the two rules part
+            model.pred_policy.weight.mul_(30.0)
+            for p in (*model.pred_value.parameters(), *model.dyn_reward.parameters()):
+                p.normal_(0.0, 0.3)
+        out = policy.act(model, obs, mask, explore=explore, temperature=1.0, rng=np.random.default_rng(1))
+        return out.step_stats["child_visits"]  # [B, A]
+
+    greedy_parent = visits(False, **{"eval.unvisited_q": "parent"})
+    greedy_min = visits(False, **{"eval.unvisited_q": "min"})
+    assert not np.array_equal(greedy_parent, greedy_min)
+    np.testing.assert_array_equal(greedy_parent, visits(False, **{"mcts.unvisited_q": "min"}))
+    both = {"eval.unvisited_q": "min", "mcts.unvisited_q": "parent"}
+    np.testing.assert_array_equal(greedy_min, visits(False, **both))
+    collect_min = visits(True, **{"eval.unvisited_q": "parent"})
+    np.testing.assert_array_equal(collect_min, visits(True, **{"eval.unvisited_q": "min"}))
+    assert not np.array_equal(collect_min, visits(True, **{"mcts.unvisited_q": "parent"}))
