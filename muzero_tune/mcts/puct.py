@@ -35,7 +35,7 @@ from muzero_tune.mcts.chance import chance_edge
 from muzero_tune.mcts.kernels import CHANCE, TIE_TOLERANCE, end_descent, node_discount, normalise
 
 # The Q an unvisited child is scored with (``unvisited_q`` of the kernels): 0 after normalisation, or the
-# normalised mean value of the node being expanded from.
+# normalised mean value of the node it hangs from.
 UNVISITED_MIN = 0
 UNVISITED_PARENT = 1
 UNVISITED_Q = {"min": UNVISITED_MIN, "parent": UNVISITED_PARENT}
@@ -108,8 +108,8 @@ def _make_select_leaves(chance_edges):
 
         Writes path[b, :path_len[b]] (root .. parent), sel_parent[b], sel_action[b] and sel_kind[b] (the kind
         of sel_parent: which network call expands the edge) for b < batch_size. ``unvisited_q``: one of
-        :data:`UNVISITED_Q`'s values. Without chance edges every
-        node is a decision node and the chance rule is not compiled in.
+        :data:`UNVISITED_Q`'s values. Without chance edges every node is a decision node and the chance rule
+        is not compiled in.
         """
         for b in range(batch_size):
             lo = min_value[b]
