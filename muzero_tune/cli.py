@@ -121,6 +121,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--episodes", type=positive_int, default=None, help="episodes (default: the run's eval.n_episodes)"
     )
     ev.add_argument("--seed", type=int, default=None, help="evaluation seed (default: the run's)")
+    ev.add_argument(
+        "--set",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        dest="overrides",
+        help="evaluate with an eval.* or mcts.* setting changed, e.g. --set eval.unvisited_q=min "
+        "(repeatable)",
+    )
 
     sw = sub.add_parser("sweep", help="run a named Ray Tune search space over a preset (MLflow-logged)")
     _config_args(sw)
@@ -290,12 +299,13 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from muzero_tune.pipeline.core import EVAL_SEED_OFFSET, setup_torch_threads
     from muzero_tune.pipeline.evaluator import Evaluator
 
+    overrides = parse_set_args(args.overrides)
     setup_torch_threads()
     found = find_checkpoint(args.checkpoint)
     for path, problem in found.skipped:
         _note(f"skipping damaged checkpoint {path}: {problem}")
     ckpt = found.checkpoint
-    cfg, policy, model = policy_from_checkpoint(ckpt)
+    cfg, policy, model = policy_from_checkpoint(ckpt, overrides=overrides)
     seed = args.seed if args.seed is not None else cfg.seed + EVAL_SEED_OFFSET
     evaluator = Evaluator(cfg, policy, policy.spec, seed=seed)
     try:
@@ -312,6 +322,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
                 "reward_std": res.reward_std,
                 "episodes": len(res.episode_returns),
                 "reported_reward_mean": reported,
+                "overrides": overrides,
             }
         )
     )

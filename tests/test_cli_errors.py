@@ -97,6 +97,13 @@ CASES = [
         None,
         "--episodes: expected an integer >= 1",
     ),
+    (
+        "eval_set_other_section",
+        ["eval", "{run}", "--set", "model.hidden_dim=64"],
+        None,
+        "re-evaluated with eval.*, mcts.* keys only",
+    ),
+    ("eval_set_bad_value", ["eval", "{run}", "--set", "eval.unvisited_q=mean"], None, "allowed: parent, min"),
     ("sweep_zero_samples", ["sweep", "--samples", "0"], None, "--samples: expected an integer >= 1"),
     ("sweep_unknown_space", ["sweep", "--space", "quickstrat"], None, "quickstart"),
     (

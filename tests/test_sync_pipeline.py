@@ -69,6 +69,10 @@ def test_checkpoint_evaluated_weights_reproduce_reward(run, capsys):
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["reward_mean"] == pytest.approx(ckpt["evaluated"]["metrics"]["reward_mean"])
     assert out["version"] == ckpt["evaluated"]["version"]
+    # re-evaluated with evaluation settings changed: the overrides reach the evaluator
+    assert cli_main(["eval", path, "--set", "eval.n_episodes=3", "--set", "eval.unvisited_q=min"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["episodes"] == 3 and out["overrides"] == {"eval.n_episodes": "3", "eval.unvisited_q": "min"}
 
 
 def test_resume_continues_counters_exactly(run):

@@ -219,13 +219,28 @@ def latest_checkpoint(folder: str) -> str:
     return find_checkpoint(folder).path
 
 
-def policy_from_checkpoint(ckpt: dict, *, device: str = "cpu"):
-    """A loaded checkpoint's evaluated snapshot in a ready policy: ``(cfg, policy, model)``."""
-    from muzero_tune.config import from_flat_dict
+# Sections a re-evaluation may override: how the snapshot searches and is evaluated, never what it is.
+EVAL_OVERRIDE_SECTIONS = ("eval", "mcts")
+
+
+def policy_from_checkpoint(ckpt: dict, *, device: str = "cpu", overrides: dict[str, Any] | None = None):
+    """A loaded checkpoint's evaluated snapshot in a ready policy: ``(cfg, policy, model)``.
+
+    ``overrides``: dotted ``eval.*`` / ``mcts.*`` keys applied to the run's config (e.g.
+    ``{"eval.unvisited_q": "min"}``, ``{"mcts.num_simulations": 100}``), validated; any other section is a
+    ``ConfigError``.
+    """
+    from muzero_tune.config import ConfigError, apply_overrides, from_flat_dict, validate
     from muzero_tune.envs import env_spec
     from muzero_tune.policies.registry import get_policy_class
 
     cfg = from_flat_dict(ckpt["config"])
+    if overrides:
+        for key, value in overrides.items():
+            if key.split(".")[0] not in EVAL_OVERRIDE_SECTIONS:
+                allowed = ", ".join(f"{s}.*" for s in EVAL_OVERRIDE_SECTIONS)
+                raise ConfigError(key, value, f"a checkpoint is re-evaluated with {allowed} keys only")
+        cfg = validate(apply_overrides(cfg, overrides), check_env=False)
     spec = env_spec(
         cfg.env.env_id,
         frame_stack=cfg.env.frame_stack,
@@ -240,12 +255,13 @@ def policy_from_checkpoint(ckpt: dict, *, device: str = "cpu"):
     return cfg, policy, model
 
 
-def load_policy(path: str, *, device: str = "cpu"):
-    """Load a checkpoint's evaluated snapshot into a ready policy (``path``: see :func:`find_checkpoint`).
+def load_policy(path: str, *, device: str = "cpu", overrides: dict[str, Any] | None = None):
+    """Load a checkpoint's evaluated snapshot into a ready policy (``path``: see :func:`find_checkpoint`;
+    ``overrides``: see :func:`policy_from_checkpoint`).
 
     Returns ``(cfg, policy, model, checkpoint)``; act with ``policy.act(model, obs, mask, explore=False,
     temperature=0, rng=...)`` or evaluate with :class:`muzero_tune.pipeline.evaluator.Evaluator`.
     """
     ckpt = find_checkpoint(path).checkpoint
-    cfg, policy, model = policy_from_checkpoint(ckpt, device=device)
+    cfg, policy, model = policy_from_checkpoint(ckpt, device=device, overrides=overrides)
     return cfg, policy, model, ckpt
