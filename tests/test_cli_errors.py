@@ -1,23 +1,33 @@
-"""Every user error through the real CLI (a subprocess each): exit status 2, one line on stderr naming the
-input and what is allowed, no traceback. A real internal bug still shows its traceback.
+"""Every user error through the CLI: exit status 2, one line on stderr naming the input and what is allowed,
+no traceback. A real internal bug still shows its traceback.
 
-The cases run concurrently (3 at a time) in one module fixture; each parametrized test checks one of them.
-(An unknown MLflow experiment in ``compare`` is checked in test_tune.py, beside an MLflow store that exists.)
+The cases run one after another in one module fixture; each parametrized test checks one of them. Most call
+``muzero_tune.cli.main`` in this process (what the ``muzero-tune`` entry point runs: parsing, dispatch, the
+one-line error), with stderr captured and any warning counted as a stderr line: a subprocess each cost 60 s
+of setup here, mostly each one importing torch, Ray Tune or MLflow again. The cases marked ``process`` and the
+two that stub out an extra (they need a fresh interpreter) run the real CLI in a subprocess, as do the two
+tests at the end. (An unknown MLflow experiment in ``compare`` is checked in test_tune.py, beside an MLflow
+store that exists.)
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import shutil
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
+import traceback
+import warnings
 
 import pytest
 import torch
 from conftest import run_cli
 
-# (id, args (with {run}, {ckpt1}, {dir} placeholders), extra env, what the one line must contain)
+# (id, args (with {run}, {ckpt1}, {dir} placeholders), how it runs, what the one line must contain); how it
+# runs: None in this process, "process" the real CLI in a subprocess, "ale_stub" that with ale-py and Box2D
+# stubbed out
 CASES = [
     ("config_missing", ["train", "--config", "{dir}/nope.yaml"], None, "nope.yaml: cannot read"),
     ("config_bad_yaml", ["train", "--config", "{dir}/bad.yaml"], None, "bad.yaml:3:5: not valid YAML"),
@@ -31,11 +41,11 @@ CASES = [
     # Box2D is stubbed out (the box2d extra is installed in CI: without the stub this would train)
     ("missing_box2d", ["train", "--set", "env.env_id=LunarLander-v3"], "ale_stub", '-e ".[box2d]"'),
     ("missing_ale", ["train", "--preset", "pong_muzero"], "ale_stub", "muzero-tune[atari]"),
-    ("unknown_flag", ["train", "--bogus"], None, "unrecognized arguments: --bogus"),
+    ("unknown_flag", ["train", "--bogus"], "process", "unrecognized arguments: --bogus"),
     (
         "resume_missing",
         ["train", "--resume", "{dir}/no_such_run"],
-        None,
+        "process",
         "no_such_run: no such file or folder",
     ),
     ("resume_no_checkpoint", ["train", "--resume", "{dir}/empty_dir"], None, "no checkpoint in this folder"),
@@ -160,20 +170,48 @@ def results(trained_run, tmp_path_factory):
         "{ckpt1}": os.path.join(trained_run, "ckpt", "eval_000001.pt"),
     }
 
-    def one(case):
-        name, args, env_kind, _ = case
+    out = {}
+    for name, args, how, _ in CASES:
         args = [_sub(a, subs) for a in args]
-        env = (
-            {"PYTHONPATH": os.path.join(d, "ale_stub") + os.pathsep + os.environ.get("PYTHONPATH", "")}
-            if env_kind == "ale_stub"
-            else None
-        )
-        return name, run_cli(args, cwd=d, env=env, timeout=120)
-
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        out = dict(pool.map(one, CASES))
+        if how is None:
+            out[name] = _main_in_process(args, cwd=d)
+        else:
+            env = {"PYTHONPATH": os.path.join(d, "ale_stub") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+            out[name] = run_cli(args, cwd=d, env=env if how == "ale_stub" else None, timeout=120)
     out["_ckpt_files"] = (before, sorted(os.listdir(os.path.join(trained_run, "ckpt"))))
     return out
+
+
+def _main_in_process(args: list[str], *, cwd: str) -> subprocess.CompletedProcess:
+    """``muzero_tune.cli.main(args)`` in ``cwd`` as the entry point would run it: the exit status (``main``'s
+    return value or argparse's ``SystemExit``), stdout, and stderr with every warning raised meanwhile and the
+    traceback of an escaping exception (exit status 1) in it, as the interpreter would print them."""
+    import torch
+
+    from muzero_tune import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    old_cwd, threads = os.getcwd(), torch.get_num_threads()
+    os.chdir(cwd)
+    try:
+        with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(out), \
+                contextlib.redirect_stderr(err):
+            warnings.simplefilter("always")
+            for hidden in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+                warnings.simplefilter("ignore", hidden)  # the interpreter's default filters hide these
+            try:
+                code = cli.main(args)
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            except Exception:  # noqa: BLE001 - a bug: the interpreter would print it and exit 1
+                traceback.print_exc(file=err)
+                code = 1
+        for w in caught:
+            err.write(warnings.formatwarning(w.message, w.category, w.filename, w.lineno, w.line))
+    finally:
+        os.chdir(old_cwd)
+        torch.set_num_threads(threads)  # `eval` sets one thread for its process
+    return subprocess.CompletedProcess(["muzero-tune", *args], code, out.getvalue(), err.getvalue())
 
 
 def _sub(arg: str, subs: dict) -> str:

@@ -397,6 +397,10 @@ def test_short_async_run(run_async, tmp_path):
     _check_snapshot(run.run_dir)
 
 
+# slow: the Tune trainable never looks at the policy type; test_tune.py runs it end to end (sync and
+# async sweeps, checkpoints evaluated again), test_policy_sampled.py a one-trial sweep of a non-default
+# policy on Pendulum, and this policy's own short sync and async runs above write and load its checkpoint
+@pytest.mark.slow
 def test_one_trial_tune_run(ray_cluster, tmp_path):
     cfg = make_config(PRESET, overrides={**SMALL, "tune.storage_path": str(tmp_path)})
     result = fit_one_trial(cfg, tmp_path)

@@ -20,7 +20,19 @@ def test_the_readme_has_python_blocks():
     assert len(BLOCKS) >= 2
 
 
-@pytest.mark.parametrize("index", range(len(BLOCKS)))
+def _block_params() -> list:
+    """One param per block; a block that runs a Tune sweep (two full-size CartPole trials, about 55 s here) is
+    slow: ``make_trainable`` under ``tune.Tuner`` with a grid search runs end to end in the default tests in
+    test_tune.py's sweep fixtures and in every ``conftest.fit_one_trial`` run."""
+    slow = pytest.mark.slow
+    return [pytest.param(i, marks=slow) if "tune.Tuner(" in block else i for i, block in enumerate(BLOCKS)]
+
+
+def test_the_readme_has_a_python_block_the_default_tests_run():
+    assert any("tune.Tuner(" not in block for block in BLOCKS)
+
+
+@pytest.mark.parametrize("index", _block_params())
 def test_python_block_runs(index, tmp_path):
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled", "PYTHONPATH": ROOT}
     res = subprocess.run(
