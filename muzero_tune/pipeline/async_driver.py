@@ -510,11 +510,15 @@ class AsyncDriver:
         self._finish_evals(reason)
         return RunSummary(reason, core.counters.env_steps, core.train_iter, self.eval_rows, core.wall_s())
 
-    def _finish_evals(self, reason: str) -> None:
-        """Collect in-flight evaluations and, like the sync driver, evaluate the final weights once."""
+    def _drain_evals(self) -> None:
+        """Handle in-flight evaluations until none is left or eval_timeout_s has passed."""
         deadline = time.monotonic() + self.ap.eval_timeout_s
         while self.evals and time.monotonic() < deadline:
             self.process_completed(self.ap.poll_interval_s)
+
+    def _finish_evals(self, reason: str) -> None:
+        """Collect in-flight evaluations and, like the sync driver, evaluate the final weights once."""
+        self._drain_evals()
         if (
             reason not in ("stop_value", "max_wall_s")
             and self.core.counters.last_eval_iter != self.core.train_iter
@@ -522,9 +526,7 @@ class AsyncDriver:
             self.last_eval_launch = None
             self._maybe_launch_eval(force=True)
             # its own timeout: a hung evaluation above (and its restart) may have used up the first one
-            deadline = time.monotonic() + self.ap.eval_timeout_s
-            while self.evals and time.monotonic() < deadline:
-                self.process_completed(self.ap.poll_interval_s)
+            self._drain_evals()
 
     def shutdown(self) -> None:
         """Close actors within shutdown_timeout_s, then kill the rest; remove our placement group."""
