@@ -551,7 +551,7 @@ class MuZeroSearch(TreeSearch):
         unvisited_q: str = "min",
         tree: TreeArrays | None = None,
     ) -> None:
-        _unvisited_code(unvisited_q)
+        run_unvisited = _unvisited_code(unvisited_q)  # checked before any storage is allocated
         if dirichlet_alpha <= 0.0:
             raise ValueError(f"dirichlet_alpha must be > 0, got {dirichlet_alpha}")
         if not 0.0 <= noise_weight <= 1.0:
@@ -568,7 +568,7 @@ class MuZeroSearch(TreeSearch):
         self.dirichlet_alpha = float(dirichlet_alpha)
         self.noise_weight = float(noise_weight)
         self.unvisited_q = unvisited_q
-        self._run_unvisited = _unvisited_code(unvisited_q)
+        self._run_unvisited = run_unvisited
 
     def run(self, *, unvisited_q: str | None = None, **kwargs) -> SearchOutput:
         """:meth:`TreeSearch.run`; ``unvisited_q`` (``"min"`` or ``"parent"``) overrides the instance's rule
