@@ -185,6 +185,7 @@ def summarize(rows: list[dict]) -> list[dict]:
             "worst_wall_s": max(walls) if all_ok else None,
             # with unsolved seeds the median is taken with them counted as above every solved one
             "median_env_steps_lower_bound": _median_with_unsolved(steps, len(rs)),
+            "median_wall_s_lower_bound": _median_with_unsolved(walls, len(rs)),
             "max_env_step": max(r["max_env_step"] for r in rs),
             "max_wall_s": rs[0].get("max_wall_s"),
             "median_final_return": statistics.median(finals) if finals else None,
@@ -222,7 +223,8 @@ def markdown_table(summaries: list[dict]) -> str:
             lb = s["median_env_steps_lower_bound"]
             med_steps = _fmt(lb) if lb is not None else f"> {s['max_env_step']:,}"
             worst_steps = f"> {s['max_env_step']:,}"
-            med_wall, worst_wall = "—", "—"
+            lb_wall = s.get("median_wall_s_lower_bound")
+            med_wall, worst_wall = (_fmt(lb_wall, 1) if lb_wall is not None else "—"), "—"
         lines.append(
             f"| {s['preset']} | {s['env_id']} | {s['target']:g} | {s['n_solved']}/{s['n']} | {med_steps} "
             f"| {worst_steps} | {med_wall} | {worst_wall} | {_fmt(s['median_final_return'], 1)} / "

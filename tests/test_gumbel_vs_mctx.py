@@ -18,6 +18,8 @@ import torch
 jax = pytest.importorskip("jax")
 mctx = pytest.importorskip("mctx")
 jax.config.update("jax_enable_x64", True)
+# XLA compile time dominates these tiny programs (one per case); the optimisation passes are not needed here
+jax.config.update("jax_disable_most_optimizations", True)
 jnp = jax.numpy
 
 from muzero_tune.mcts.gumbel import GumbelMuZeroSearch  # noqa: E402
@@ -45,23 +47,34 @@ class Tables:
             self.logits[ns],
         )
 
-    def mctx_recurrent_fn(self, discount: float):
-        next_state, reward, value, logits = (
-            jnp.asarray(x) for x in (self.next_state, self.reward, self.value, self.logits)
+
+@functools.partial(jax.jit, static_argnames=("sims", "considered", "discount", "epsilon"))
+def _mctx_policy(next_state, reward, value, logits, states, invalid, *, sims, considered, discount, epsilon):
+    """mctx's Gumbel MuZero search over the tables: one XLA program per case, not one per op."""
+
+    def recurrent_fn(params, rng_key, action, embedding):
+        del params, rng_key
+        ns = next_state[embedding, action]
+        out = mctx.RecurrentFnOutput(
+            reward=reward[embedding, action],
+            discount=jnp.full(ns.shape, discount),
+            prior_logits=logits[ns],
+            value=value[ns],
         )
+        return out, ns
 
-        def recurrent_fn(params, rng_key, action, embedding):
-            del params, rng_key
-            ns = next_state[embedding, action]
-            out = mctx.RecurrentFnOutput(
-                reward=reward[embedding, action],
-                discount=jnp.full(ns.shape, discount),
-                prior_logits=logits[ns],
-                value=value[ns],
-            )
-            return out, ns
-
-        return recurrent_fn
+    root = mctx.RootFnOutput(prior_logits=logits[states], value=value[states], embedding=states)
+    return mctx.gumbel_muzero_policy(
+        params=(),
+        rng_key=jax.random.PRNGKey(0),
+        root=root,
+        recurrent_fn=recurrent_fn,
+        num_simulations=sims,
+        invalid_actions=invalid,
+        max_num_considered_actions=considered,
+        gumbel_scale=0.0,
+        qtransform=functools.partial(mctx.qtransform_completed_by_mix_value, epsilon=epsilon),
+    )
 
 
 def _legal(rng: np.random.Generator, batch: int, num_actions: int) -> np.ndarray:
@@ -92,21 +105,17 @@ def _both(tables: Tables, states, legal, *, sims, considered, discount, epsilon)
         rng=np.random.default_rng(0),
         root_value=tables.value[states],
     )
-    root = mctx.RootFnOutput(
-        prior_logits=jnp.asarray(tables.logits[states]),
-        value=jnp.asarray(tables.value[states]),
-        embedding=jnp.asarray(states),
-    )
-    policy = mctx.gumbel_muzero_policy(
-        params=(),
-        rng_key=jax.random.PRNGKey(0),
-        root=root,
-        recurrent_fn=tables.mctx_recurrent_fn(discount),
-        num_simulations=sims,
-        invalid_actions=jnp.asarray(~legal),
-        max_num_considered_actions=considered,
-        gumbel_scale=0.0,
-        qtransform=functools.partial(mctx.qtransform_completed_by_mix_value, epsilon=epsilon),
+    policy = _mctx_policy(
+        jnp.asarray(tables.next_state),
+        jnp.asarray(tables.reward),
+        jnp.asarray(tables.value),
+        jnp.asarray(tables.logits),
+        jnp.asarray(states),
+        jnp.asarray(~legal),
+        sims=sims,
+        considered=considered,
+        discount=discount,
+        epsilon=epsilon,
     )
     return out, policy
 
