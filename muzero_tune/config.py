@@ -152,6 +152,13 @@ class ReplayConfig:
     game_segment_length: int = param(50, "real transitions per game segment", ge=1)
     num_unroll_steps: int = param(5, "K: dynamics steps unrolled per training sample", ge=1, le=64)
     td_steps: int = param(10, "n of the n-step value target", ge=1)
+    off_policy_transitions_per_step: int = param(
+        0,
+        "EfficientZero's off-policy correction: a sample's n-step horizon is td_steps minus one per this "
+        "many transitions pushed after it, down to td_steps_min (0: off, every sample uses td_steps)",
+        ge=0,
+    )
+    td_steps_min: int = param(1, "the off-policy correction's shortest n-step horizon", ge=1)
     use_priority: bool = param(True, "prioritized replay (else uniform)")
     priority_alpha: float = param(0.6, "PER exponent alpha", ge=0.0)
     priority_beta: float = param(0.4, "PER importance-weight exponent beta", ge=0.0, le=1.0)
@@ -987,6 +994,10 @@ def validate(cfg: ExperimentConfig, *, check_env: bool = True) -> ExperimentConf
             "replay.capacity_transitions",
             replay.capacity_transitions,
             f"must be >= learn.batch_size ({learn.batch_size})",
+        )
+    if replay.off_policy_transitions_per_step > 0 and replay.td_steps_min > replay.td_steps:
+        raise ConfigError(
+            "replay.td_steps_min", replay.td_steps_min, f"must be <= replay.td_steps ({replay.td_steps})"
         )
     if cfg.env.env_id.startswith("ALE/") and cfg.model.kind != "conv":
         raise ConfigError("model.kind", cfg.model.kind, "Atari image observations need model.kind=conv")

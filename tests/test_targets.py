@@ -481,11 +481,13 @@ def test_action_dim_must_match_the_stored_actions():
 # ---------------------------------------------------------------------------------------------- the fast path
 
 
-def numpy_value_targets(t_pos, stored, terminal, rewards, *, K: int, td: int, gamma: float):
-    """The numpy definitions make_batch used before its kernels (they must agree bit for bit)."""
+def numpy_value_targets(t_pos, stored, terminal, rewards, *, K: int, td: int, gamma: float, td_b=None):
+    """The numpy definitions make_batch used before its kernels (they must agree bit for bit); ``td_b``
+    [B]: per-sample horizons within the window ``td`` (default: all ``td``)."""
     i = t_pos[:, None] + np.arange(K + 1)[None, :]
     m = stored[:, None]
-    n = np.clip(np.minimum(td, m - i), 0, None)
+    horizon = np.full((len(t_pos), 1), td) if td_b is None else np.asarray(td_b)[:, None]
+    n = np.clip(np.minimum(horizon, m - i), 0, None)
     windows = np.lib.stride_tricks.sliding_window_view(rewards, td, axis=1)[:, : K + 1]
     j = np.arange(td)
     reward_sum = np.sum(windows * (gamma**j) * (j[None, None, :] < n[:, :, None]), axis=-1)
@@ -497,8 +499,10 @@ def numpy_value_targets(t_pos, stored, terminal, rewards, *, K: int, td: int, ga
     return reward_sum, n, boot_ok, [x.astype(np.float32) for x in masks], target_reward
 
 
-@pytest.mark.parametrize("td", [1, 3, 8, 10, 50, 300])
-def test_value_target_kernel_equals_the_numpy_definition_bit_for_bit(td):
+@pytest.mark.parametrize("td,per_sample", [(1, False), (3, False), (8, False), (10, False), (50, False),
+                                           (300, False), (10, True), (50, True)])
+def test_value_target_kernel_equals_the_numpy_definition_bit_for_bit(td, per_sample):
+    """``per_sample``: each sample its own horizon in 1..td (the off-policy correction's), else all td."""
     from muzero_tune.replay.target_kernels import value_targets
 
     rng = np.random.default_rng(td)
@@ -514,9 +518,10 @@ def test_value_target_kernel_equals_the_numpy_definition_bit_for_bit(td):
     boot_ok = np.empty((B, K + 1), dtype=bool)
     masks = np.zeros((4, B, K + 1), dtype=np.float32)
     target_reward = np.zeros((B, K), dtype=np.float32)
-    n_boot = value_targets(t_pos, stored, terminal, rewards, gamma ** np.arange(td), td, reward_sum, n,
+    td_b = rng.integers(1, td + 1, size=B) if per_sample else np.full(B, td)
+    n_boot = value_targets(t_pos, stored, terminal, rewards, gamma ** np.arange(td), td_b, reward_sum, n,
                            boot_ok, masks, target_reward)  # fmt: skip
-    want = numpy_value_targets(t_pos, stored, terminal, rewards, K=K, td=td, gamma=gamma)
+    want = numpy_value_targets(t_pos, stored, terminal, rewards, K=K, td=td, gamma=gamma, td_b=td_b)
     assert reward_sum.tobytes() == want[0].tobytes()  # bitwise, -0.0 included
     np.testing.assert_array_equal(n, want[1])
     np.testing.assert_array_equal(boot_ok, want[2])

@@ -118,7 +118,7 @@ class GumbelMuZeroPolicy(MuZeroPolicy):
         batch = make_batch(
             sample,
             num_unroll_steps=rc.num_unroll_steps,
-            td_steps=rc.td_steps,
+            td_steps=self.td_steps_of(sample),
             discount=self.cfg.mcts.discount,
             num_actions=self.spec.num_actions,
             value_fn=self.value_fn(target_model),

@@ -21,7 +21,7 @@ from muzero_tune.mcts import MuZeroSearch, select_action
 from muzero_tune.models import build_network, logits_to_scalar, logits_to_scalar_np, two_hot_cross_entropy
 from muzero_tune.models.traced import recurrent_outputs
 from muzero_tune.policies.base import ActOutput, LossOutput, Policy
-from muzero_tune.replay.targets import TrainBatch, make_batch
+from muzero_tune.replay.targets import TrainBatch, make_batch, off_policy_td_steps
 
 
 def scale_gradient(x: torch.Tensor, scale: float) -> torch.Tensor:
@@ -242,6 +242,17 @@ class MuZeroPolicy(Policy):
 
         return fn
 
+    def td_steps_of(self, sample) -> np.ndarray | int:
+        """The n-step horizon of each sample's value targets: ``replay.td_steps``, or [B] int64 shortened by
+        the data's age under the off-policy correction (``replay.off_policy_transitions_per_step``)."""
+        rc = self.cfg.replay
+        return off_policy_td_steps(
+            sample.age_transitions,
+            td_steps=rc.td_steps,
+            td_steps_min=rc.td_steps_min,
+            transitions_per_step=rc.off_policy_transitions_per_step,
+        )
+
     def make_batch(
         self, sample, *, target_model, rng, reanalyze_count=0, defer_bootstrap=False
     ) -> TrainBatch:
@@ -249,7 +260,7 @@ class MuZeroPolicy(Policy):
         return make_batch(
             sample,
             num_unroll_steps=rc.num_unroll_steps,
-            td_steps=rc.td_steps,
+            td_steps=self.td_steps_of(sample),
             discount=self.cfg.mcts.discount,
             num_actions=self.spec.num_actions,
             action_dim=self.spec.action_dim,  # continuous: actions [B, K, D] float32

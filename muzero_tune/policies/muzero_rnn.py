@@ -218,16 +218,18 @@ class MuZeroRNNFullObsPolicy(CarriedStatePolicy):
     def _bootstrap_histories(self, sample, target_model: RNNMuZeroNet) -> np.ndarray:
         """The replayed history at every bootstrap observation, in the order make_batch asks value_fn.
 
-        Unroll index i = t + k (k = 0..K) bootstraps from observation b = i + min(td, M - i) when i < M and
-        b is not the terminal state (the rule of :func:`~muzero_tune.replay.targets.make_batch`; value_fn
-        checks the count). One replay per sample covers all its bootstrap observations.
+        Unroll index i = t + k (k = 0..K) bootstraps from observation b = i + min(td, M - i) (td: the
+        sample's horizon, :meth:`td_steps_of`) when i < M and b is not the terminal state (the rule of
+        :func:`~muzero_tune.replay.targets.make_batch`; value_fn checks the count). One replay per sample
+        covers all its bootstrap observations.
         """
         rc = self.cfg.replay
         segs = sample.segments
         m = np.fromiter((s.num_stored for s in segs), dtype=np.int64, count=len(segs))[:, None]  # [B, 1]
         terminal = np.fromiter((s.terminal_at_end for s in segs), dtype=bool, count=len(segs))[:, None]
         i = np.asarray(sample.positions, dtype=np.int64)[:, None] + np.arange(rc.num_unroll_steps + 1)
-        b = i + np.clip(np.minimum(rc.td_steps, m - i), 0, None)  # [B, K+1] bootstrap observations
+        td = np.broadcast_to(np.asarray(self.td_steps_of(sample)), (len(segs),))[:, None]  # [B, 1]
+        b = i + np.clip(np.minimum(td, m - i), 0, None)  # [B, K+1] bootstrap observations
         ok = (i < m) & ~((b == m) & terminal)
         rows = np.flatnonzero(ok.any(axis=1))
         if rows.size == 0:
@@ -251,7 +253,7 @@ class MuZeroRNNFullObsPolicy(CarriedStatePolicy):
         batch = make_batch(
             sample,
             num_unroll_steps=rc.num_unroll_steps,
-            td_steps=rc.td_steps,
+            td_steps=self.td_steps_of(sample),
             discount=self.cfg.mcts.discount,
             num_actions=self.spec.num_actions,
             value_fn=self.history_value_fn(target_model, self._bootstrap_histories(sample, target_model)),

@@ -43,6 +43,9 @@ class SampledIndices:
     # where the samples' per-step data lives in the buffer's column blocks (None: gather from the segments);
     # valid until the next push
     rows: StepRows | None = None
+    # [B] int64, real transitions pushed after each sample and still held: its data's age (the off-policy
+    # correction's input; None: unknown)
+    age_transitions: np.ndarray | None = None
 
 
 class _Growable:
@@ -319,7 +322,8 @@ class ReplayBuffer:
         self.clock += 1
         rows = self._rows(seg_idx, segs[0].frame_stack)
         return SampledIndices(
-            flat_index=flat, segments=segs, positions=pos, weights=w, make_time=self.clock, rows=rows
+            flat_index=flat, segments=segs, positions=pos, weights=w, make_time=self.clock, rows=rows,
+            age_transitions=(n - 1 - flat).astype(np.int64),  # flat indices run oldest -> newest
         )
 
     def sample_oldest(

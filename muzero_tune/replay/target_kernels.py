@@ -98,18 +98,20 @@ def window_rows(t_pos, step0, stored, width, rows, valid):
 
 
 @numba.njit(cache=True)
-def value_targets(t_pos, stored, terminal, rewards, gamma_pow, td, reward_sum, n_terms, boot_ok, masks,
+def value_targets(t_pos, stored, terminal, rewards, gamma_pow, td_b, reward_sum, n_terms, boot_ok, masks,
                   target_reward):  # fmt: skip
     """n-step reward sums, masks and bootstrap positions for unroll indices i = t + k, k = 0..K.
 
-    t_pos, stored: [B] int64; terminal: [B] bool; rewards: [B, K + td] float64 (zero past the data);
-    gamma_pow: [td] float64, gamma^j. Out: reward_sum [B, K+1] float64; n_terms [B, K+1] int64
-    (n = clip(min(td, M - i), 0)); boot_ok [B, K+1] bool (i < M and o_{i+n} is not the terminal state);
+    t_pos, stored: [B] int64; terminal: [B] bool; td_b: [B] int64, each sample's horizon (<= td);
+    rewards: [B, K + td] float64 (zero past the data); gamma_pow: [td] float64, gamma^j (td = the window,
+    the longest horizon). Out: reward_sum [B, K+1] float64; n_terms [B, K+1] int64
+    (n = clip(min(td_b, M - i), 0)); boot_ok [B, K+1] bool (i < M and o_{i+n} is not the terminal state);
     masks [4, B, K+1] float32 (value, policy = i < M, obs = i <= M, reward on [:, :, :K]);
     target_reward [B, K] float32 (r_{t+k} where t + k < M, else 0). Returns the number of bootstrap
     positions.
     """
     bsz, kp1 = reward_sum.shape
+    td = len(gamma_pow)
     terms = np.empty(td, dtype=np.float64)
     n_boot = 0
     for b in range(bsz):
@@ -117,7 +119,7 @@ def value_targets(t_pos, stored, terminal, rewards, gamma_pow, td, reward_sum, n
         term = terminal[b]
         for k in range(kp1):
             i = t_pos[b] + k
-            n = min(td, m - i)
+            n = min(td_b[b], m - i)
             n = n if n > 0 else 0
             n_terms[b, k] = n
             for j in range(td):

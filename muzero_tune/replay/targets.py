@@ -4,7 +4,8 @@ reward and policy targets, and their validity masks.
 For a sample (segment, t) and unroll step k = 0..K, the unroll index is i = t + k; a segment stores M
 transitions (real + true-continuation padding) and observations 0..M.
 
-- value target z_i: with n = min(td_steps, M - i),
+- value target z_i: with n = min(td_steps, M - i) (td_steps per sample with the off-policy correction,
+  :func:`off_policy_td_steps`),
   z_i = sum_{j<n} gamma^j r_{i+j} + gamma^n v_target(o_{i+n}),
   the bootstrap term dropped when o_{i+n} is the terminal state. Past M: 0 if the data ended in a terminal
   state (absorbing), else unknown (masked out).
@@ -120,11 +121,28 @@ def n_step_targets(
     return reward_sum, b, float(discount**n), True
 
 
+def off_policy_td_steps(
+    age_transitions: np.ndarray | None, *, td_steps: int, td_steps_min: int, transitions_per_step: int
+) -> np.ndarray | int:
+    """EfficientZero's off-policy correction (Ye et al. 2021, sec. 4.4): the older a sample's data, the
+    shorter its n-step horizon, so stale returns of an older policy weigh less against the target model's
+    bootstrap value.
+
+    ``age_transitions`` [B] int64: transitions pushed after each sample (``SampledIndices.age_transitions``).
+    Returns [B] int64, ``td_steps - age // transitions_per_step`` clipped to [``td_steps_min``, ``td_steps``];
+    plain ``td_steps`` when the correction is off (``transitions_per_step`` 0) or the ages are unknown.
+    """
+    if transitions_per_step <= 0 or age_transitions is None:
+        return td_steps
+    shrink = np.asarray(age_transitions, dtype=np.int64) // transitions_per_step
+    return np.clip(td_steps - shrink, min(td_steps_min, td_steps), td_steps)
+
+
 def make_batch(
     sample: SampledIndices,
     *,
     num_unroll_steps: int,
-    td_steps: int,
+    td_steps: int | np.ndarray,
     discount: float,
     num_actions: int,
     value_fn: ValueFn,
@@ -146,12 +164,14 @@ def make_batch(
     policy, chance codes) gathered at t..t+K into ``extras[name]`` [B, K+1, ...], zero past the stored data
     (``policy_mask`` says where they are real). ``action_dim``: 0 for discrete actions (``num_actions``
     indices, ``actions`` [B, K] int64); D > 0 for continuous ones (``actions`` [B, K, D] float32 -- pass
-    ``EnvSpec.action_dim``). ``defer_bootstrap``: leave the bootstrap values to whoever trains on the batch
-    (``batch.bootstrap``, resolved by :func:`resolve_bootstrap`; ``target_value`` is NaN until then) instead
-    of calling ``value_fn`` here.
+    ``EnvSpec.action_dim``). ``td_steps``: the n of every sample's value targets, or [B] int64 one per
+    sample (:func:`off_policy_td_steps`). ``defer_bootstrap``: leave the bootstrap values to whoever trains
+    on the batch (``batch.bootstrap``, resolved by :func:`resolve_bootstrap`; ``target_value`` is NaN until
+    then) instead of calling ``value_fn`` here.
     """
-    k_steps, td = num_unroll_steps, td_steps
-    bsz = len(sample.positions)
+    k_steps, bsz = num_unroll_steps, len(sample.positions)
+    td_b = np.ascontiguousarray(np.broadcast_to(np.asarray(td_steps, dtype=np.int64), (bsz,)))  # [B]
+    td = int(td_b.max()) if bsz else 1  # the reward window's length: the longest horizon
     if reanalyze_count > 0 and reanalyze_fn is not None:
         reanalyze_positions(
             sample.segments[:reanalyze_count],
@@ -193,7 +213,7 @@ def make_batch(
     target_reward = np.zeros((bsz, k_steps), dtype=np.float32)
     gamma_pow = discount ** np.arange(td)  # numpy's powers, as the numpy definition had them
     value_targets(
-        t_pos, stored, terminal, rewards, gamma_pow, td, reward_sum, n, boot_ok, masks, target_reward
+        t_pos, stored, terminal, rewards, gamma_pow, td_b, reward_sum, n, boot_ok, masks, target_reward
     )
     # unrolled observations at t..t+n_obs-1 clamped to M, and only the bootstrap observations that are used
     obs_pos = np.minimum(t_pos[:, None] + np.arange(n_obs)[None, :], stored[:, None])  # [B, n_obs]
