@@ -241,6 +241,8 @@ def seed_lines(rows: list[dict]) -> str:
             f"{r['env_steps_to_target']:,} env steps / {r['wall_s_to_target']:.1f} s"
             if r["solved"] else f"not solved (best {_fmt(r['best_reward_mean'], 1)})"
         )
+        if r["solved"] and not within_budget(r):
+            got = f"not solved within the budget (reached only at {got})"
         load = r.get("loadavg_1min_before_after")
         out.append(
             f"- {r['preset']} seed {r['seed']}: {got}; final return {_fmt(r['final_return'], 1)} at "

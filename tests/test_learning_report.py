@@ -49,14 +49,16 @@ def test_table_and_plots_from_stored_results(report, tmp_path):
     # preset d: two of three seeds solved, so its median (the slower solved seed) is known, its worst is not
     _store(report, tmp_path, _fake("d", 0, "CartPole-v1", (1000, 30.0), [(1000, 30.0, 199.0)]))
     _store(report, tmp_path, _fake("d", 1, "CartPole-v1", (2000, 10.0), [(2000, 10.0, 197.0)]))
-    _store(report, tmp_path, _fake("d", 2, "CartPole-v1", None, [(30_000, 300.0, 120.0)]))
+    _store(report, tmp_path, _fake("d", 2, "CartPole-v1", (30_400, 301.0), [(30_400, 301.0, 199.0)]))
 
     md, pngs = report.build_report(str(tmp_path))
     rows = {line.split(" | ")[0].strip("| "): line for line in md.splitlines() if line.startswith("| ")}
     assert rows["a"] == ("| a | CartPole-v1 | 195 | 3/3 | 2,000 | 3,000 | 20.0 | 40.0 | 201.0 / 200.0 |")
     # b: 1/2 solved; the median counts the unsolved seed above the solved one -> not known: "> budget"
     assert rows["b"] == ("| b | CartPole-v1 | 195 | 1/2 | > 30,000 | > 30,000 | — | — | 173.0 / 150.0 |")
-    assert rows["d"] == ("| d | CartPole-v1 | 195 | 2/3 | 2,000 | > 30,000 | 30.0 | — | 197.0 / 120.0 |")
+    # (its third seed crossed only after the budget, at the run's last evaluation)
+    assert rows["d"] == ("| d | CartPole-v1 | 195 | 2/3 | 2,000 | > 30,000 | 30.0 | — | 199.0 / 197.0 |")
+    assert ("- d seed 2: not solved within the budget (reached only at 30,400 env steps / 301.0 s)" in md)
     assert rows["c"].startswith("| c | Acrobot-v1 | -100 | 0/1 | > 50,000 | > 50,000 |")
     assert "- b seed 1: not solved (best 150.0); final return 150.0 at 30,000 env steps" in md
     assert open(tmp_path / "report.md").read() == md
