@@ -733,10 +733,10 @@ PRESETS["cartpole_sampled_unizero"] = {
 # training episodes run up to 2,000 steps (evaluation keeps the env's 500). discount 0.99 and a target copy
 # every 25 train steps bring the value's offset (-1 / (1 - discount)) in within a few thousand env steps
 # (0.997 and 100 were still at a third of it after 6k); 50-step value targets carry a reached goal back over
-# a swing-up at once, and the off-policy correction shortens them for old data (50 for data younger than 400
-# transitions, one step less per 400 more, 10 past 16k): an older policy's slower swing-ups no longer pull the
+# a swing-up at once, and the off-policy correction shortens them for old data (50 for data younger than 200
+# transitions, one step less per 200 more, 10 past 8k): an older policy's slower swing-ups no longer pull the
 # values down (without it seed 0's evaluations swung -124 / -349 / -119 / -268 / -116 from 34k on; with it
-# they climb). Collection anneals its temperature 1.0 -> 0.5 -> 0.25 at 25k / 37.5k env steps: at 0.25 from
+# they climb; 200 against 400: seeds 0-2 at 25.7k / 21.4k / 37.7k env steps against 50.6k / 25.4k / 38.0k). Collection anneals its temperature 1.0 -> 0.5 -> 0.25 at 25k / 37.5k env steps: at 0.25 from
 # the start, seed 2's training episodes never reached the goal in 20k env steps (mean return -2000). Twice
 # CartPole's replay ratio (evaluations kept every 4k env steps).
 PRESETS["acrobot_muzero"] = {
@@ -749,7 +749,7 @@ PRESETS["acrobot_muzero"] = {
     "learn.target_update_interval": 25,
     "learn.replay_ratio": 0.5,
     "replay.td_steps": 50,
-    "replay.off_policy_transitions_per_step": 400,
+    "replay.off_policy_transitions_per_step": 200,
     "replay.td_steps_min": 10,
     "collect.temperature_decay": True,
     "collect.temperature_decay_train_iter": 25_000,  # 50k env steps at replay_ratio 0.5
