@@ -26,7 +26,9 @@ from muzero_tune.tune.trainable import CHECKPOINT_FILE
 
 HELPER = os.path.join(os.path.dirname(__file__), "tune_helpers", "sweep_proc.py")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MAX_ENV_STEP = 1000
+# long enough that an async trial, whose evaluations (so checkpoints) can fall behind its learner on a fast
+# machine, is still mid-run at its third checkpoint (at 1000 one reached its end first)
+MAX_ENV_STEP = 1600
 AP = "policy.async_pipeline."
 
 
