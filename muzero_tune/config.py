@@ -736,9 +736,10 @@ PRESETS["cartpole_sampled_unizero"] = {
 # a swing-up at once, and the off-policy correction shortens them for old data (50 for data younger than 200
 # transitions, one step less per 200 more, 10 past 8k): an older policy's slower swing-ups no longer pull the
 # values down (without it seed 0's evaluations swung -124 / -349 / -119 / -268 / -116 from 34k on; with it
-# they climb; 200 against 400: seeds 0-2 at 25.7k / 21.4k / 37.7k env steps against 50.6k / 25.4k / 38.0k). Collection anneals its temperature 1.0 -> 0.5 -> 0.25 at 25k / 37.5k env steps: at 0.25 from
-# the start, seed 2's training episodes never reached the goal in 20k env steps (mean return -2000). Twice
-# CartPole's replay ratio (evaluations kept every 4k env steps).
+# they climb; 200 against 400: seeds 0-2 at 25.7k / 21.4k / 37.7k env steps against 50.6k / 25.4k / 38.0k).
+# Collection anneals its temperature 1.0 -> 0.5 -> 0.25 at 25k / 37.5k env steps: at 0.25 from the start,
+# seed 2's training episodes never reached the goal in 20k env steps (mean return -2000). Twice CartPole's
+# replay ratio (evaluations kept every 4k env steps).
 PRESETS["acrobot_muzero"] = {
     **PRESETS["cartpole_muzero"],
     "exp_name": "acrobot_muzero",
