@@ -124,7 +124,7 @@ def n_step_targets(
 def off_policy_td_steps(
     age_transitions: np.ndarray | None, *, td_steps: int, td_steps_min: int, transitions_per_step: int
 ) -> np.ndarray | int:
-    """EfficientZero's off-policy correction (Ye et al. 2021, sec. 4.4): the older a sample's data, the
+    """EfficientZero's model-based off-policy correction (Ye et al. 2021): the older a sample's data, the
     shorter its n-step horizon, so stale returns of an older policy weigh less against the target model's
     bootstrap value.
 
