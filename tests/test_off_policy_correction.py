@@ -12,7 +12,7 @@ from muzero_tune.pipeline.collector import SegmentCollector
 from muzero_tune.pipeline.core import make_policy
 from muzero_tune.replay.buffer import ReplayBuffer
 from muzero_tune.replay.targets import make_batch, off_policy_td_steps
-from tests.test_targets import loop_targets, random_segment, sample_of
+from tests.test_targets import loop_targets, random_samples, random_segment, sample_of
 
 
 def test_horizon_shrinks_by_one_per_age_step_down_to_the_minimum():
@@ -42,13 +42,7 @@ def test_buffer_ages_count_the_transitions_pushed_after_each_sample():
 def test_per_sample_horizons_give_each_sample_its_own_n_step_targets(frame_stack):
     rng = np.random.default_rng(7 + frame_stack)
     K, gamma = 4, 0.9
-    w = np.array([0.7, -1.3] * frame_stack)
-
-    def value(obs):
-        return np.tanh(obs @ w).astype(np.float32)
-
-    segs = [random_segment(rng, frame_stack) for _ in range(60)]
-    pos = [int(rng.integers(0, s.num_real)) for s in segs]
+    segs, pos, value = random_samples(rng, frame_stack, 60)
     td_b = rng.integers(1, 7, size=len(segs))
     batch = make_batch(sample_of(segs, pos), num_unroll_steps=K, td_steps=td_b, discount=gamma,
                        num_actions=3, value_fn=value, rng=np.random.default_rng(1))  # fmt: skip

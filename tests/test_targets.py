@@ -288,17 +288,24 @@ def loop_targets(seg: GameSegment, t: int, *, K: int, td: int, gamma: float, val
     return [np.array(x) for x in (tv, vm, tp, pm, tr, rm, ob, om)]
 
 
-@pytest.mark.parametrize("frame_stack, td", [(1, 1), (1, 4), (3, 3), (3, 10)])
-def test_make_batch_equals_plain_loop(frame_stack, td):
-    rng = np.random.default_rng(100 * frame_stack + td)
-    K, gamma = 4, 0.9
+def random_samples(rng: np.random.Generator, frame_stack: int, n: int):
+    """``n`` random segments, one real position in each, and a value function (tanh of a fixed linear map of
+    the stacked observation): the inputs of the make_batch-against-the-loop tests."""
     w = np.array([0.7, -1.3] * frame_stack)
 
     def value(obs):
         return np.tanh(obs @ w).astype(np.float32)
 
-    segs = [random_segment(rng, frame_stack) for _ in range(40)]
+    segs = [random_segment(rng, frame_stack) for _ in range(n)]
     pos = [int(rng.integers(0, s.num_real)) for s in segs]
+    return segs, pos, value
+
+
+@pytest.mark.parametrize("frame_stack, td", [(1, 1), (1, 4), (3, 3), (3, 10)])
+def test_make_batch_equals_plain_loop(frame_stack, td):
+    rng = np.random.default_rng(100 * frame_stack + td)
+    K, gamma = 4, 0.9
+    segs, pos, value = random_samples(rng, frame_stack, 40)
     batch = make_batch(
         sample_of(segs, pos),
         num_unroll_steps=K,
