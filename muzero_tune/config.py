@@ -229,7 +229,16 @@ class LearnConfig:
         1000, "after a resume without a saved buffer, fresh real transitions collected before training", ge=0
     )
     device: str = param("cpu", "learner device: cpu, auto (cuda when present) or cuda[:N]")
-    mixed_precision: bool = param(False, "bf16/fp16 autocast for the learner on CUDA")
+    mixed_precision: bool = param(
+        False,
+        "autocast the learner's loss forward: bf16 on CUDA (fp16 where bf16 is missing) and on CPUs with "
+        "native bf16 (AVX-512/AMX; fp32 with a warning elsewhere); weights and optimizer stay fp32",
+    )
+    overlap_bootstrap: bool = param(
+        True,
+        "run the target network's bootstrap forward on a helper thread beside the loss's forward (same "
+        "values; faster where the process has a second core to spare)",
+    )
 
 
 @dataclass(frozen=True)

@@ -27,23 +27,26 @@ from muzero_tune.pipeline.learner import make_optimizer
 from muzero_tune.pipeline.reporter import MemoryReporter
 
 
-def bare_step(model, optimizer, obs, actions, num_unroll: int) -> None:
-    """Forward (initial + K recurrent) and backward with a trivial loss on every head; no targets."""
-    root = model.initial_inference(obs)
-    loss = root.value_logits.logsumexp(-1).mean() + root.policy_logits.logsumexp(-1).mean()
-    latent = root.latent
-    for k in range(num_unroll):
-        rec = model.recurrent_inference(latent, actions[:, k])
-        latent = rec.latent
-        loss = (
-            loss
-            + (
-                rec.value_logits.logsumexp(-1).mean()
-                + rec.policy_logits.logsumexp(-1).mean()
-                + rec.reward_logits.logsumexp(-1).mean()
+def bare_step(model, optimizer, obs, actions, num_unroll: int, amp_dtype: torch.dtype | None = None) -> None:
+    """Forward (initial + K recurrent) and backward with a trivial loss on every head; no targets.
+    ``amp_dtype``: the forward under ``torch.autocast`` to that dtype (None: fp32)."""
+    dev = obs.device.type
+    with torch.autocast(dev, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
+        root = model.initial_inference(obs)
+        loss = root.value_logits.logsumexp(-1).mean() + root.policy_logits.logsumexp(-1).mean()
+        latent = root.latent
+        for k in range(num_unroll):
+            rec = model.recurrent_inference(latent, actions[:, k])
+            latent = rec.latent
+            loss = (
+                loss
+                + (
+                    rec.value_logits.logsumexp(-1).mean()
+                    + rec.policy_logits.logsumexp(-1).mean()
+                    + rec.reward_logits.logsumexp(-1).mean()
+                )
+                / num_unroll
             )
-            / num_unroll
-        )
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()
@@ -101,13 +104,33 @@ def main(argv: list[str] | None = None) -> None:
         defer_bootstrap=True,
     )  # fmt: skip
 
+    amp = core.learner.autocast_dtype  # the learner's precision (learn.mixed_precision), None: fp32
+    helper = core.learner.bootstrap_helper
+
+    def serial_step():  # the learner step with its bootstrap forward first, on this thread
+        core.learner.bootstrap_helper = None
+        try:
+            core.train_step()
+        finally:
+            core.learner.bootstrap_helper = helper
+
+    def fixed_step():
+        with torch.autocast(model_dev, dtype=amp or torch.float32, enabled=amp is not None):
+            loss_step()
+
+    model_dev = core.learner.device.type
     variants = {
         "full": core.train_step,
-        "bare": lambda: bare_step(model, opt, obs, actions, k),
-        "fixed": loss_step,
+        "bare": lambda: bare_step(model, opt, obs, actions, k, amp),
+        "fixed": fixed_step,
         "targets": build,
-        "bootstrap": deferred.bootstrap.values,  # the target network's forward, at the learner step's start
+        # the target network's forward (the learner's precision), which the full step overlaps with its loss
+        "bootstrap": lambda: core.learner.in_precision(deferred.bootstrap.values),
     }
+    if helper is not None:  # learn.overlap_bootstrap: the same step without the helper thread, side by side
+        variants["serial"] = serial_step
+    if amp is not None:  # learn.mixed_precision: the bare step in fp32 too
+        variants["bare_fp32"] = lambda: bare_step(model, opt, obs, actions, k)
     # warm-up, then many short interleaved rounds: every variant sees the same machine load, and the
     # ratios are taken per round (the median and the spread say how much the shared machine moved them)
     for fn in variants.values():
@@ -117,22 +140,33 @@ def main(argv: list[str] | None = None) -> None:
         for name, fn in variants.items():
             per_round[name].append(time_it(fn, args.steps))
     med = {name: float(np.median(v)) for name, v in per_round.items()}
-    eff = np.asarray(per_round["bare"]) / np.asarray(per_round["full"])
-    eff_fixed = np.asarray(per_round["fixed"]) / np.asarray(per_round["full"])
+
+    def ratio(num: str, den: str) -> str:
+        r = np.asarray(per_round[num]) / np.asarray(per_round[den])
+        return f"{np.median(r):.2f} (per-round min {r.min():.2f}, max {r.max():.2f})"
+
     f, b, x, t, v = med["full"], med["bare"], med["fixed"], med["targets"], med["bootstrap"]
-    print(f"preset={args.preset} batch={bs} K={k} model={cfg.model.kind} ssl={cfg.learn.ssl_loss_weight > 0}")
+    precision = "fp32" if amp is None else f"autocast {str(amp).removeprefix('torch.')}"
+    print(f"preset={args.preset} batch={bs} K={k} model={cfg.model.kind} ssl={cfg.learn.ssl_loss_weight > 0} "
+          f"precision={precision} overlap_bootstrap={helper is not None}")  # fmt: skip
     print(f"  rounds={args.rounds} x {args.steps} steps per variant, interleaved, {args.clock} clock; "
           f"medians (load {os.getloadavg()[0]:.2f} at the end):")  # fmt: skip
     print(f"  full learner step     : {1e3 * f:8.2f} ms  -> {1 / f:7.1f} train steps/s")
-    print(f"  bare forward+backward : {1e3 * b:8.2f} ms  -> {1 / b:7.1f} steps/s")
+    if "serial" in med:
+        print(f"  full step, bootstrap forward first on this thread: {1e3 * med['serial']:8.2f} ms")
+    print(f"  bare forward+backward ({precision}): {1e3 * b:8.2f} ms  -> {1 / b:7.1f} steps/s")
+    if "bare_fp32" in med:
+        print(f"  bare forward+backward (fp32): {1e3 * med['bare_fp32']:8.2f} ms")
     print(f"  policy loss + backward on a fixed batch (SSL incl.): {1e3 * x:8.2f} ms")
     print(f"  sample + targets (the driver's side, bootstrap deferred): {1e3 * t:8.2f} ms")
     print(f"  bootstrap values (target network, {len(deferred.bootstrap.obs)} positions): {1e3 * v:8.2f} ms")
-    print(
-        f"  learner efficiency (bare forward+backward / full): {np.median(eff):.2f} "
-        f"(per-round min {eff.min():.2f}, max {eff.max():.2f})"
-    )
-    print(f"  learner efficiency without data (fixed-batch loss step / full): {np.median(eff_fixed):.2f}")
+    print(f"  learner efficiency (bare forward+backward / full): {ratio('bare', 'full')}")
+    if "serial" in med:
+        print(f"  learner efficiency, bootstrap not overlapped (bare / serial): {ratio('bare', 'serial')}")
+        print(f"  overlap speed-up (serial step / full): {ratio('serial', 'full')}")
+    if "bare_fp32" in med:
+        print(f"  against the fp32 bare step (bare fp32 / full): {ratio('bare_fp32', 'full')}")
+    print(f"  learner efficiency without data (fixed-batch loss step / full): {ratio('fixed', 'full')}")
 
 
 if __name__ == "__main__":

@@ -6,16 +6,17 @@ from __future__ import annotations
 import copy
 import dataclasses
 import io
+import threading
 
 import numpy as np
 import pytest
 import torch
 
-from muzero_tune.config import make_config
+from muzero_tune.config import ConfigWarning, make_config
 from muzero_tune.envs.spec import EnvSpec
 from muzero_tune.models import build_network, logits_to_scalar
 from muzero_tune.models.layout import place_model
-from muzero_tune.pipeline.learner import Learner, lr_factor
+from muzero_tune.pipeline.learner import Learner, cpu_has_native_bf16, lr_factor
 from muzero_tune.policies.muzero import MuZeroPolicy
 from muzero_tune.replay.buffer import ReplayBuffer
 from muzero_tune.replay.segment import GameSegment
@@ -385,3 +386,108 @@ def test_loss_scale_conventions_agree_on_the_unrolled_steps(batches):
         losses.append(policy.compute_loss(policy.build_model(), batch, train_iter=0).loss)
     assert losses[0] > 0
     torch.testing.assert_close(losses[0], losses[1], rtol=1e-6, atol=0)
+
+
+def _deferred_batches(cfg, learner: Learner, n: int, *, seed: int = 5):
+    """``n`` batches whose bootstrap term is left to ``learner`` (bound to its target network), drawn the same
+    way for every learner given the same ``seed``; each batch's value_fn records the thread it ran on."""
+    rng = np.random.default_rng(seed)
+    buf = ReplayBuffer(capacity_transitions=1000)
+    buf.push([cartpole_like_segment(rng, 10, K + TD, False) for _ in range(6)])
+    threads: list[int] = []
+    out = []
+    for _ in range(n):
+        batch = learner.policy.make_batch(
+            buf.sample(B, rng), target_model=learner.target_model, rng=rng, defer_bootstrap=True
+        )
+        value_fn = batch.bootstrap.value_fn
+
+        def recorded(obs, value_fn=value_fn):
+            threads.append(threading.get_ident())
+            return value_fn(obs)
+
+        bootstrap = dataclasses.replace(batch.bootstrap, value_fn=recorded)
+        out.append(dataclasses.replace(batch, bootstrap=bootstrap))
+    return out, threads
+
+
+def test_overlapped_bootstrap_is_bit_identical_to_the_serial_step():
+    """``learn.overlap_bootstrap``: the target network's bootstrap forward runs on the learner's helper thread
+    beside the loss's forward, and the step is exactly the serial one -- weights, priorities and metrics --
+    also across target-network updates (every 3 steps here: each batch sees the target as it was before its
+    own step)."""
+    runs = {}
+    for overlap in (True, False):
+        cfg = small_cfg(**{"learn.overlap_bootstrap": overlap})
+        learner = Learner(cfg, MuZeroPolicy(cfg, SPEC))
+        assert (learner.bootstrap_helper is not None) is overlap
+        batches, threads = _deferred_batches(cfg, learner, 7)
+        outs = [learner.train_step(b) for b in batches]
+        runs[overlap] = (params(learner.model), params(learner.target_model), outs, threads)
+    (p_on, t_on, outs_on, threads_on), (p_off, t_off, outs_off, threads_off) = runs[True], runs[False]
+    assert_same(p_on, p_off)
+    assert_same(t_on, t_off)
+    for a, b in zip(outs_on, outs_off):
+        np.testing.assert_array_equal(a.priorities, b.priorities)
+        assert a.metrics == b.metrics
+    me = threading.get_ident()
+    assert len(threads_on) == len(threads_off) == 7
+    assert all(t != me for t in threads_on) and all(t == me for t in threads_off)
+
+
+def test_a_failing_overlapped_bootstrap_fails_the_step():
+    """An error in the helper thread's forward reaches the caller of ``train_step``; no update is made."""
+    cfg = small_cfg(**{"learn.overlap_bootstrap": True})
+    learner = Learner(cfg, MuZeroPolicy(cfg, SPEC))
+    (batch,), _ = _deferred_batches(cfg, learner, 1)
+
+    def broken(obs):
+        raise RuntimeError("target network forward failed")
+
+    batch = dataclasses.replace(batch, bootstrap=dataclasses.replace(batch.bootstrap, value_fn=broken))
+    before = params(learner.model)
+    with pytest.raises(RuntimeError, match="target network forward failed"):
+        learner.train_step(batch)
+    assert_same(params(learner.model), before)
+    assert learner.train_iter == 0
+
+
+@pytest.mark.skipif(not cpu_has_native_bf16(), reason="this CPU has no native bf16")
+def test_mixed_precision_on_cpu_autocasts_both_forwards_and_keeps_fp32_state():
+    """``learn.mixed_precision`` on a CPU with native bf16: the loss forward and the bootstrap forward run
+    under bf16 autocast, the weights, gradients and optimizer state stay fp32, and the losses of a short run
+    track the fp32 run's (bf16 keeps ~3 significant digits)."""
+    losses = {}
+    for amp in (True, False):
+        cfg = small_cfg(**{"learn.mixed_precision": amp})
+        learner = Learner(cfg, MuZeroPolicy(cfg, SPEC))
+        assert learner.autocast_dtype == (torch.bfloat16 if amp else None)
+        batches, _ = _deferred_batches(cfg, learner, 6)
+        precisions = []
+        for i, b in enumerate(batches):
+            value_fn = b.bootstrap.value_fn
+
+            def seen(obs, value_fn=value_fn, precisions=precisions):
+                precisions.append(torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu"))
+                return value_fn(obs)
+
+            batches[i] = dataclasses.replace(b, bootstrap=dataclasses.replace(b.bootstrap, value_fn=seen))
+        losses[amp] = [learner.train_step(b).metrics["train/loss_total"] for b in batches]
+        assert precisions == [torch.bfloat16 if amp else False] * 6
+        assert all(p.dtype == torch.float32 for p in learner.model.parameters())
+        state = learner.optimizer.state_dict()["state"]
+        assert all(v.dtype == torch.float32 for s in state.values() for v in s.values() if v.dim() > 0)
+    np.testing.assert_allclose(losses[True], losses[False], rtol=0.02)
+    assert losses[True] != losses[False]  # it did run in another precision
+
+
+def test_mixed_precision_without_native_bf16_warns_and_runs_fp32(monkeypatch):
+    """On a CPU without native bf16 (emulated bf16 measured 29x slower) the learner says so, naming the key,
+    and stays fp32."""
+    import muzero_tune.pipeline.learner as learner_module
+
+    monkeypatch.setattr(learner_module, "cpu_has_native_bf16", lambda: False)
+    cfg = small_cfg(**{"learn.mixed_precision": True})
+    with pytest.warns(ConfigWarning, match=r"learn\.mixed_precision=True: no native bf16"):
+        learner = Learner(cfg, MuZeroPolicy(cfg, SPEC))
+    assert learner.autocast_dtype is None

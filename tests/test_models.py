@@ -245,7 +245,7 @@ def test_traced_recurrent_call_equals_eager_across_batch_sizes_and_weight_loads(
 
     with torch.no_grad():
         recurrent_outputs(net, torch.rand(8, 8), action(8))  # traced at B = 8
-        assert _TRACES.get(net) is not None and _TRACES[net][1] is not None
+        assert _TRACES.get(net) is not None and _TRACES[net][("recurrent", None)][1] is not None
         for b in (3, 8):
             lat, act = torch.rand(b, 8), action(b)
             for got, want in zip(recurrent_outputs(net, lat, act), eager(lat, act)):

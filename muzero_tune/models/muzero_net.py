@@ -104,9 +104,11 @@ class MuZeroNetwork(nn.Module):
     num_actions: int
     value_support_size: int
     reward_support_size: int
-    # True where recurrent_inference's control flow depends on shapes only, so a traced graph of it is
-    # exact (models/traced.py uses one in the search); a network that branches on values keeps False
+    # True where recurrent_inference's (initial_inference's) control flow depends on shapes only and never
+    # on the batch size, so one traced graph of it is exact at every batch size (models/traced.py: the
+    # search's recurrent call, the learner's bootstrap values); a network that branches on values keeps False
     traceable_recurrent: bool = False
+    traceable_initial: bool = False
 
     # -- pieces implemented by subclasses ----------------------------------------------------
 
@@ -197,7 +199,9 @@ class MLPMuZeroNet(MuZeroNetwork):
     The value and reward heads are zero-initialised so the first predictions decode to 0.
     """
 
-    traceable_recurrent = True  # shape-only control flow: the search calls a traced twin (models/traced.py)
+    # shape-only control flow: the search and the bootstrap values call traced twins (models/traced.py)
+    traceable_recurrent = True
+    traceable_initial = True
 
     def __init__(
         self,
@@ -353,6 +357,10 @@ class ConvMuZeroNet(MuZeroNetwork):
     Projection: flatten latent -> Linear-BN-ReLU x2 -> Linear-BN (SimSiam projector), predictor
     bottleneck P -> P/4 -> P on the online branch.
     """
+
+    # represent + predict are batch-generic (traced for the bootstrap values); the dynamics' action plane is
+    # shaped with the batch size, so recurrent_inference stays eager
+    traceable_initial = True
 
     def __init__(
         self,

@@ -1,31 +1,39 @@
-"""Traced acting calls: a network's ``recurrent_inference`` as one TorchScript-traced graph for the search.
+"""Traced network calls: a network's hot no-grad calls as TorchScript-traced graphs.
 
 What this module owns
-    :func:`recurrent_outputs`, the search's per-simulation network call: for a network that declares
-    ``traceable_recurrent = True`` and when autograd is off, a traced twin of ``recurrent_inference``
-    (made on first use, cached per model); otherwise the eager call. Measured on this 2-core CPU
-    (``scripts/bench_acting.py``): a CartPole MLP recurrent call at batch 8 takes ~0.55x the eager one, since
-    per-module Python dispatch dominates tiny batches.
+    :func:`recurrent_outputs`, the search's per-simulation network call, and :func:`initial_value_logits`,
+    the learner's bootstrap forward (the target network's value at N observations). For a network that
+    declares the call traceable (``traceable_recurrent`` / ``traceable_initial`` = True: its control flow
+    depends on shapes only, and never on the batch size) and when autograd is off, a traced twin of the call
+    (made on first use, cached per model and call); otherwise the eager call. Why: per-module Python dispatch
+    dominates small batches (a CartPole MLP recurrent call at batch 8 takes ~0.55x the eager one,
+    ``scripts/bench_acting.py``), and a traced graph runs without holding the GIL, so the learner's helper
+    thread (``learn.overlap_bootstrap``) hardly slows the loss's forward on the main thread.
 
 What it must never do
     Freeze weights into the trace: the trace shares the model's parameters, so in-place weight loads
-    (``load_state_dict``, the collectors' weight sync) are seen at once. It is made again when the
-    parameters are replaced (``.to(device)``), the train/eval mode, the latent's shape or dtype, or the
-    action's dtype or rank differ from the trace's; a network whose trace fails is called eagerly after.
+    (``load_state_dict``, the collectors' weight sync, the learner's target-network update) are seen at once.
+    A trace records autocast's casts, so each precision has its own. It is made again when the parameters
+    are replaced (``.to(device)``), the train/eval mode, or the inputs' trailing shapes, dtypes or ranks
+    differ from the trace's; a network whose trace fails is called eagerly after.
 """
 
 from __future__ import annotations
 
+import threading
 import warnings
 import weakref
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
 
-__all__ = ["recurrent_outputs"]
+__all__ = ["initial_value_logits", "recurrent_outputs"]
 
-# model -> (key, traced module or None, (module owning the first parameter, its attribute name))
+# model -> {(call name, autocast dtype or None): (key, traced module or None, (module owning the first
+# parameter, its attribute name))}
 _TRACES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()  # the learner's helper thread and the driver's thread may trace the same model
 
 
 class _Recurrent(nn.Module):
@@ -40,32 +48,63 @@ class _Recurrent(nn.Module):
         return out.latent, out.reward_logits, out.value_logits, out.policy_logits
 
 
+class _InitialValue(nn.Module):
+    """``initial_inference(obs).value_logits`` (what the bootstrap values need)."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, obs: Tensor) -> Tensor:
+        return self.net.initial_inference(obs).value_logits
+
+
+def _traced(
+    model: nn.Module, call: str, wrapper: Callable[[nn.Module], nn.Module], inputs: tuple[Tensor, ...]
+) -> nn.Module | None:
+    """The cached traced twin of ``wrapper(model)`` for these inputs' trailing shapes and dtypes, or None
+    where the call runs eagerly (autograd on, the network not traceable for ``call``, or its trace failed)."""
+    if not getattr(model, f"traceable_{call}", False) or torch.is_grad_enabled():
+        return None
+    dev = inputs[0].device.type
+    # a trace records autocast's casts (learn.mixed_precision): one trace per call and precision
+    slot = (call, torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None)
+    calls = _TRACES.get(model)
+    cached = calls.get(slot) if calls is not None else None
+    # the first parameter, looked up through its owner: ``next(model.parameters())`` walks every submodule
+    # (~17 us per call for the CartPole MLP, 25 calls per collect step); this sees a replaced parameter too
+    first = cached[2][0]._parameters[cached[2][1]] if cached is not None else next(model.parameters())
+    key = (first.data_ptr(), model.training, *((x.shape[1:], x.dtype, x.dim()) for x in inputs))
+    if cached is None or (cached[0] != key and cached[1] is not None):
+        with _LOCK:
+            traced = None
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # TracerWarnings about shape checks baked into the graph
+                    traced = torch.jit.trace(wrapper(model), inputs, check_trace=False)
+            except Exception:  # noqa: BLE001 -- any trace failure means: call this network eagerly
+                traced = None
+            name = next(n for n, _ in model.named_parameters())
+            owner_name, _, attr = name.rpartition(".")
+            cached = (key, traced, (model.get_submodule(owner_name), attr))
+            _TRACES.setdefault(model, {})[slot] = cached
+    return cached[1]
+
+
 def recurrent_outputs(
     model: nn.Module, latent: Tensor, action: Tensor
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(next latent [B, *latent_shape], reward logits [B, 2Sr+1], value logits [B, 2Sv+1], policy output
     [B, P]) of ``model.recurrent_inference(latent, action)``, traced where the module docstring says."""
-    if not getattr(model, "traceable_recurrent", False) or torch.is_grad_enabled():
+    traced = _traced(model, "recurrent", _Recurrent, (latent, action))
+    if traced is None:
         out = model.recurrent_inference(latent, action)
         return out.latent, out.reward_logits, out.value_logits, out.policy_logits
-    cached = _TRACES.get(model)
-    # the first parameter, looked up through its owner: ``next(model.parameters())`` walks every submodule
-    # (~17 us per call for the CartPole MLP, 25 calls per collect step); this sees a replaced parameter too
-    first = cached[2][0]._parameters[cached[2][1]] if cached is not None else next(model.parameters())
-    key = (first.data_ptr(), model.training, latent.shape[1:], latent.dtype, action.dtype, action.dim())
-    if cached is None or (cached[0] != key and cached[1] is not None):
-        traced = None
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # TracerWarnings about shape checks baked into the graph
-                traced = torch.jit.trace(_Recurrent(model), (latent, action), check_trace=False)
-        except Exception:  # noqa: BLE001 -- any trace failure means: call this network eagerly
-            traced = None
-        name = next(n for n, _ in model.named_parameters())
-        owner_name, _, attr = name.rpartition(".")
-        cached = (key, traced, (model.get_submodule(owner_name), attr))
-        _TRACES[model] = cached
-    if cached[1] is None:
-        out = model.recurrent_inference(latent, action)
-        return out.latent, out.reward_logits, out.value_logits, out.policy_logits
-    return cached[1](latent, action)
+    return traced(latent, action)
+
+
+def initial_value_logits(model: nn.Module, obs: Tensor) -> Tensor:
+    """Value logits [N, 2Sv+1] of ``model.initial_inference(obs)`` (obs [N, *obs_shape]), traced where the
+    module docstring says."""
+    traced = _traced(model, "initial", _InitialValue, (obs,))
+    return model.initial_inference(obs).value_logits if traced is None else traced(obs)

@@ -2,8 +2,12 @@
 
 It owns the weights being trained and nothing else: batches come in (built by the driver from the replay
 buffer), priorities go out. A batch may leave its value targets' bootstrap term to the learner
-(``batch.bootstrap``): the step then starts with that one batched forward of the target network, on the
-learner's device -- network work belongs to the learner, the driver's thread keeps the bookkeeping.
+(``batch.bootstrap``): the step then runs that one batched forward of the target network, on the learner's
+device -- network work belongs to the learner, the driver's thread keeps the bookkeeping. With
+``learn.overlap_bootstrap`` it runs on a helper thread while the loss's forward runs on the caller's (the
+loss reads its value targets last); the values are the same, since the target network changes only after
+the step. ``learn.mixed_precision`` autocasts both forwards (bf16 on CUDA and on CPUs with native bf16); the
+weights, gradients and optimizer stay fp32.
 ``state_dict()`` holds everything needed to continue exactly -- model, target model, optimizer, scheduler,
 train_iter and the RNG states of torch, numpy and Python -- and is loadable with
 ``torch.load(weights_only=True)``.
@@ -14,15 +18,17 @@ from __future__ import annotations
 import copy
 import random
 import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from muzero_tune.config import ConfigError, ExperimentConfig, LearnConfig
+from muzero_tune.config import ConfigError, ConfigWarning, ExperimentConfig, LearnConfig
 from muzero_tune.models.layout import place_model
 from muzero_tune.policies.base import Policy
-from muzero_tune.replay.targets import TrainBatch, resolve_bootstrap
+from muzero_tune.replay.targets import TrainBatch, resolve_bootstrap, start_bootstrap
 
 
 def resolve_device(name: str) -> torch.device:
@@ -36,6 +42,31 @@ def resolve_device(name: str) -> torch.device:
         if idx >= torch.cuda.device_count():
             raise ConfigError("learn.device", name, f"only {torch.cuda.device_count()} CUDA device(s) here")
     return torch.device(name)
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether oneDNN runs bf16 natively on this CPU (AVX-512 BF16/AMX, or AVX-512 core), not emulated."""
+    return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def autocast_dtype(device: torch.device) -> torch.dtype | None:
+    """The dtype ``learn.mixed_precision`` autocasts the learner's forward to on ``device``, or None for fp32.
+
+    CUDA: bf16 where the GPU supports it, else fp16 (with a gradient scaler). CPU: bf16 where the CPU has
+    native bf16 instructions (oneDNN's AVX-512 or AMX kernels); elsewhere bf16 is emulated and measured far
+    slower (29x on an AVX2-only CPU), so the learner stays fp32 and says so. The weights and the optimizer
+    stay fp32 either way (autocast casts per op)."""
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if device.type == "cpu" and cpu_has_native_bf16():
+        return torch.bfloat16
+    warnings.warn(
+        f"learn.mixed_precision=True: no native bf16 on this {device.type} (needs AVX-512 or AMX); "
+        "the learner runs in fp32",
+        ConfigWarning,
+        stacklevel=3,
+    )
+    return None
 
 
 def lr_factor(lc: LearnConfig, step: int) -> float:
@@ -128,24 +159,37 @@ class Learner:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(lc, s))
         self.train_iter = 0
         self.train_time_s = 0.0
-        self._amp = lc.mixed_precision and self.device.type == "cuda"
-        self._amp_dtype = torch.bfloat16 if self._amp and torch.cuda.is_bf16_supported() else torch.float16
-        self._scaler = torch.amp.GradScaler("cuda", enabled=self._amp and self._amp_dtype == torch.float16)
+        # the loss forward's autocast dtype (learn.mixed_precision), None: fp32
+        self.autocast_dtype = autocast_dtype(self.device) if lc.mixed_precision else None
+        self._scaler = torch.amp.GradScaler("cuda", enabled=self.autocast_dtype == torch.float16)
+        # learn.overlap_bootstrap: one helper thread for the target network's bootstrap forward (None: the
+        # forward runs first, on the caller's thread)
+        self.bootstrap_helper = (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="learner-bootstrap")
+            if lc.overlap_bootstrap
+            else None
+        )
 
     def train_step(self, batch: TrainBatch) -> LearnOutput:
         """One optimizer step on ``batch`` (its deferred bootstrap values first, with the target network as
         it is before this step's update); updates the target network per its schedule."""
         lc = self.cfg.learn
         t0 = time.perf_counter()
-        batch = resolve_bootstrap(batch)
+        # the target network's bootstrap forward, in the loss's precision: beside the loss's forward on the
+        # helper thread (autocast is per thread, so it is entered there), or first on this one
+        helper = self.bootstrap_helper
+        if helper is not None:
+            batch = start_bootstrap(batch, lambda fn: helper.submit(self.in_precision, fn))
+        else:
+            batch = self.in_precision(resolve_bootstrap, batch)
         if not self.model.training:  # Module.train() walks every submodule: only when it changes
             self.model.train()
-        with torch.autocast(self.device.type, dtype=self._amp_dtype, enabled=self._amp):
-            out = self.policy.compute_loss(self.model, batch, train_iter=self.train_iter)
+        out = self.in_precision(self.policy.compute_loss, self.model, batch, train_iter=self.train_iter)
         self.optimizer.zero_grad(set_to_none=True)
         self._scaler.scale(out.loss).backward()
         self._scaler.unscale_(self.optimizer)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self._params, lc.grad_clip_norm)
+        # foreach: one multi-tensor norm and scale instead of a Python loop per parameter (bit-identical)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self._params, lc.grad_clip_norm, foreach=True)
         self._scaler.step(self.optimizer)
         self._scaler.update()
         self.scheduler.step()
@@ -156,6 +200,12 @@ class Learner:
         metrics["train/grad_norm"] = float(grad_norm)
         metrics["train/lr"] = float(self.optimizer.param_groups[0]["lr"])
         return LearnOutput(priorities=out.priorities, metrics=metrics)
+
+    def in_precision(self, fn, *args, **kwargs):
+        """``fn(*args, **kwargs)`` under the learner's autocast (``learn.mixed_precision``; fp32: as is)."""
+        amp = self.autocast_dtype
+        with torch.autocast(self.device.type, dtype=amp or torch.float32, enabled=amp is not None):
+            return fn(*args, **kwargs)
 
     def _update_target(self) -> None:
         lc = self.cfg.learn

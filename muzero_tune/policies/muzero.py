@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from muzero_tune.mcts import MuZeroSearch, select_action
 from muzero_tune.models import build_network, logits_to_scalar, logits_to_scalar_np, two_hot_cross_entropy
-from muzero_tune.models.traced import recurrent_outputs
+from muzero_tune.models.traced import initial_value_logits, recurrent_outputs
 from muzero_tune.policies.base import ActOutput, LossOutput, Policy
 from muzero_tune.replay.targets import TrainBatch, make_batch, off_policy_td_steps
 
@@ -234,10 +234,10 @@ class MuZeroPolicy(Policy):
             vals = []
             with eval_mode(model):
                 for lo in range(0, len(obs), chunk):
-                    root = model.initial_inference(torch.as_tensor(obs[lo : lo + chunk], device=dev))
-                    vals.append(
-                        logits_to_scalar(root.value_logits.float(), support_size=model.value_support_size)
-                    )
+                    # traced where the network allows it (models/traced.py): on the learner's helper thread
+                    # a traced graph runs without holding the GIL the loss's forward needs
+                    logits = initial_value_logits(model, torch.as_tensor(obs[lo : lo + chunk], device=dev))
+                    vals.append(logits_to_scalar(logits.float(), support_size=model.value_support_size))
             return torch.cat(vals).cpu().numpy()
 
         return fn
@@ -336,7 +336,7 @@ class MuZeroPolicy(Policy):
         obs = torch.as_tensor(batch.obs, device=dev)
         # [B, K] indices (discrete) or [B, K, D] float32 in [-1, 1] (continuous)
         actions = t(batch.actions, torch.long if batch.actions.dtype.kind in "iu" else torch.float32)
-        tv, tr, tp = t(batch.target_value), t(self.reward_targets(batch)), t(batch.target_policy)
+        tr, tp = t(self.reward_targets(batch)), t(batch.target_policy)
         vmask, rmask, pmask, omask = (
             t(batch.value_mask),
             t(batch.reward_mask),
@@ -370,6 +370,8 @@ class MuZeroPolicy(Policy):
                 online = model.project(rec.latent, with_prediction_head=True)
                 cos = F.cosine_similarity(online, target_proj.detach(), dim=-1)
                 ssl_loss = ssl_loss + (-cos) * omask[:, k]
+        # read last: a bootstrap forward on the learner's helper thread ran alongside the unroll above
+        tv = t(batch.value_targets())  # [B, K+1]
         # the value and reward cross-entropies of all steps at once: one log-softmax and gather each
         value_ce = two_hot_cross_entropy(torch.stack(value_logits, 1), tv, support_size=vs) * vmask  # [B,K+1]
         if root_w != 1.0:

@@ -116,7 +116,7 @@ class StochasticMuZeroPolicy(MuZeroPolicy):
 
         obs = torch.as_tensor(batch.obs, device=dev)  # [B, K+1, *obs_shape]
         actions = t(batch.actions, torch.long)
-        tv, tr, tp = t(batch.target_value), t(batch.target_reward), t(batch.target_policy)
+        tv, tr, tp = t(batch.value_targets()), t(batch.target_reward), t(batch.target_policy)
         vmask, rmask, pmask, omask = (
             t(batch.value_mask),
             t(batch.reward_mask),

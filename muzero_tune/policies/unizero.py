@@ -413,7 +413,7 @@ class UniZeroPolicy(MuZeroPolicy):
         if k1 != k_steps + 1:
             raise ValueError(f"unizero needs all K+1 observations per sample, got {k1} for K={k_steps}")
         actions = self._action_tensor(batch.actions, dev)  # [B, K] or [B, K, D]
-        tv, tr, tp = t(batch.target_value), t(batch.target_reward), t(batch.target_policy)
+        tr, tp = t(batch.target_reward), t(batch.target_policy)
         vmask, rmask, pmask, omask = (t(batch.value_mask), t(batch.reward_mask), t(batch.policy_mask),
                                       t(batch.obs_mask))  # fmt: skip
         vs, rs = model.value_support_size, model.reward_support_size
@@ -428,6 +428,7 @@ class UniZeroPolicy(MuZeroPolicy):
         def ce(logits, target):
             return soft_cross_entropy(logits.flatten(0, 1), target.flatten(0, 1)).view(target.shape[:2])
 
+        tv = t(batch.value_targets())  # [B, K+1], read after the forward (a helper thread may compute it)
         value_loss = (ce(obs_out.value_logits, scalar_to_target(tv, support_size=vs)) * vmask).mean(1)
         policy_ce = torch.stack(
             [self.policy_cross_entropy(obs_out.policy_logits[:, k], batch, k, tp[:, k]) for k in range(k1)], 1

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -87,12 +88,29 @@ class TrainBatch:
     make_time: int
     extras: dict[str, np.ndarray] = field(default_factory=dict)
     # the value targets' bootstrap term when left to the learner (make_batch(defer_bootstrap=True)): until
-    # resolve_bootstrap(batch) runs, target_value is NaN
-    bootstrap: Bootstrap | None = None
+    # resolve_bootstrap(batch) runs, target_value is NaN and value_targets() computes (or awaits) the term
+    bootstrap: Bootstrap | PendingBootstrap | None = None
 
     @property
     def batch_size(self) -> int:
         return int(self.actions.shape[0])
+
+    def value_targets(self) -> np.ndarray:
+        """The value targets [B, K+1] float32: ``target_value``, or -- with the bootstrap term left to the
+        learner -- ``bootstrap.values()``, which waits for that forward when it runs on the learner's helper
+        thread (:func:`start_bootstrap`). A loss reads its value targets through this, as late as it can."""
+        return self.target_value if self.bootstrap is None else self.bootstrap.values()
+
+
+@dataclass(frozen=True)
+class PendingBootstrap:
+    """A deferred bootstrap forward already running elsewhere (:func:`start_bootstrap`)."""
+
+    future: Future  # resolves to the value targets [B, K+1] float32
+
+    def values(self) -> np.ndarray:
+        """The value targets [B, K+1] float32, once the forward is done (its exception, if it raised)."""
+        return self.future.result()
 
 
 def resolve_bootstrap(batch: TrainBatch) -> TrainBatch:
@@ -100,6 +118,16 @@ def resolve_bootstrap(batch: TrainBatch) -> TrainBatch:
     if batch.bootstrap is None:
         return batch
     return dataclasses.replace(batch, target_value=batch.bootstrap.values(), bootstrap=None)
+
+
+def start_bootstrap(batch: TrainBatch, submit: Callable[..., Future]) -> TrainBatch:
+    """``batch`` with its deferred bootstrap forward handed to ``submit`` (an executor's ``submit``), so it
+    runs while the caller computes the loss's forward; the loss's :meth:`TrainBatch.value_targets` waits for
+    it. The values are the same: the target network changes only after the step. A no-op without a deferred
+    term."""
+    if batch.bootstrap is None or isinstance(batch.bootstrap, PendingBootstrap):
+        return batch
+    return dataclasses.replace(batch, bootstrap=PendingBootstrap(submit(batch.bootstrap.values)))
 
 
 def n_step_targets(
