@@ -260,3 +260,49 @@ def test_traced_recurrent_call_equals_eager_across_batch_sizes_and_weight_loads(
             torch.testing.assert_close(got, want)
     lat = torch.rand(4, 8, requires_grad=True)
     assert recurrent_outputs(net, lat, action(4))[0].requires_grad  # eager under autograd
+
+
+@pytest.mark.parametrize("kind", ["mlp", "conv"])
+def test_traced_initial_value_equals_eager_across_batch_sizes_weight_loads_and_precisions(kind):
+    """The bootstrap's traced value forward (models/traced.py) gives the eager value logits at batch sizes
+    other than the traced one, sees weights loaded in place (the target network's update), keeps one trace
+    per autocast precision (each equal to eager under that precision), and is not used with autograd."""
+    from muzero_tune.models.traced import _TRACES, initial_value_logits
+
+    def make(seed):
+        torch.manual_seed(seed)
+        if kind == "mlp":
+            net = MLPMuZeroNet(obs_dim=4, num_actions=3, latent_dim=8, hidden_dim=16, value_support_size=5,
+                               reward_support_size=3)  # fmt: skip
+        else:
+            net = ConvMuZeroNet(obs_shape=(2, 16, 16), num_actions=3, num_channels=8, value_support_size=5,
+                                reward_support_size=3, projection_dim=8)  # fmt: skip
+        for p in net.parameters():  # the zero-initialised heads would hide a stale trace
+            nn.init.normal_(p, std=0.3)
+        return net.eval()
+
+    net, other = make(0), make(1)
+    shape = (4,) if kind == "mlp" else (2, 16, 16)
+
+    def obs(b):
+        return torch.rand(b, *shape)
+
+    def eager(o):
+        return net.initial_inference(o).value_logits
+
+    with torch.no_grad():
+        initial_value_logits(net, obs(8))  # traced at B = 8
+        assert _TRACES[net][("initial", None)][1] is not None
+        for b in (3, 8, 21):
+            o = obs(b)
+            torch.testing.assert_close(initial_value_logits(net, o), eager(o), rtol=0, atol=0)
+        net.load_state_dict(other.state_dict())  # in place, as the target network's hard update
+        o = obs(5)
+        torch.testing.assert_close(initial_value_logits(net, o), eager(o), rtol=0, atol=0)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got, want = initial_value_logits(net, o), eager(o)
+        assert got.dtype == want.dtype == torch.bfloat16
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        assert {("initial", None), ("initial", torch.bfloat16)} <= set(_TRACES[net])
+        torch.testing.assert_close(initial_value_logits(net, o), eager(o), rtol=0, atol=0)  # fp32 trace kept
+    assert initial_value_logits(net, obs(2)).requires_grad  # eager under autograd
