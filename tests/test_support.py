@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -180,3 +184,38 @@ def test_two_hot_cross_entropy_equals_dense_target_ce_with_gradient(support_size
     assert fast.shape == x.shape
     torch.testing.assert_close(fast, dense)
     torch.testing.assert_close(g_fast, g_dense)
+
+
+_LOG_SOFTMAX_CHECK = """
+import torch, torch.nn.functional as F
+from muzero_tune.models.ops import log_softmax_last
+torch.set_num_threads(1)
+bad = []
+for lead in [(7,), (16,), (100,), (256,), (256, 5), (6, 5), (1281,)]:
+    for c in (2, 3, 5, 7, 8, 9, 11, 15, 16, 17, 101):
+        torch.manual_seed(c)
+        x = (torch.randn(*lead, c) * 4).requires_grad_()
+        g = torch.randn(*lead, c)
+        want = F.log_softmax(x, dim=-1)
+        (want_grad,) = torch.autograd.grad(want, x, g)
+        got = log_softmax_last(x)
+        (got_grad,) = torch.autograd.grad(got, x, g)
+        if not (got.shape == want.shape and torch.equal(got, want) and torch.equal(got_grad, want_grad)):
+            bad.append((lead, c))
+print(torch.backends.cpu.get_cpu_capability(), bad)
+"""
+
+
+@pytest.mark.parametrize("capability", [None, "avx2"])
+def test_log_softmax_last_equals_torch_bit_for_bit(capability):
+    """models/ops.py's faster CPU layout for short last dims is a layout change only: values and gradients
+    equal ``F.log_softmax(x, -1)``'s bit for bit, for short and long last dims and row counts on and off
+    the vector width, under this CPU's SIMD dispatch and under AVX2's (``ATEN_CPU_CAPABILITY``)."""
+    env = dict(os.environ)
+    if capability:
+        env["ATEN_CPU_CAPABILITY"] = capability
+    out = subprocess.run([sys.executable, "-c", _LOG_SOFTMAX_CHECK], env=env, capture_output=True, text=True,
+                         timeout=120, check=True).stdout.split()  # fmt: skip
+    if capability:
+        assert out[0] == capability.upper()
+    assert out[1:] == ["[]"]

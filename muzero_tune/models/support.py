@@ -22,8 +22,9 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor
+
+from muzero_tune.models.ops import log_softmax_last
 
 __all__ = [
     "Support",
@@ -120,7 +121,7 @@ def two_hot_cross_entropy(
     upper_w = y - low  # [...] in [0, 1)
     low_idx = (low + s).long()
     high_idx = (low_idx + 1).clamp(max=2 * s)  # at y == S the upper bin carries weight 0
-    logp = F.log_softmax(logits, dim=-1)  # [..., 2S+1]
+    logp = log_softmax_last(logits)  # [..., 2S+1] (ops.py: the faster CPU layout for short supports)
     picked = logp.gather(-1, torch.stack([low_idx, high_idx], dim=-1))  # [..., 2]
     return -((1.0 - upper_w) * picked[..., 0] + upper_w * picked[..., 1])
 
