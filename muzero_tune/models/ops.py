@@ -9,6 +9,12 @@ What this module owns
     values and gradients bit for bit (``tests/test_support.py``, AVX-512 and AVX2); other shapes, longer
     last dims and other devices use the last-dim kernel as is.
 
+    The op is exact, but its two views are autograd nodes: inside a training unroll (a per-step policy
+    loss) they reorder the autograd engine's accumulation of shared parameters' gradients, and the weights
+    move by ~1 ulp (measured: a CartPole run then diverges from the exact one within 100 train steps). So
+    the learner uses it once per loss, after the unroll: the categorical value and reward cross-entropies
+    over all steps (``support.two_hot_cross_entropy``), whose gradients split into the steps after it.
+
 What it must never do
     Change a value: it only picks the memory layout the same reduction runs in.
 """

@@ -19,7 +19,6 @@ import torch.nn.functional as F
 
 from muzero_tune.mcts import MuZeroSearch, select_action
 from muzero_tune.models import build_network, logits_to_scalar, logits_to_scalar_np, two_hot_cross_entropy
-from muzero_tune.models.ops import log_softmax_last
 from muzero_tune.models.traced import initial_value_logits, recurrent_outputs
 from muzero_tune.policies.base import ActOutput, LossOutput, Policy
 from muzero_tune.replay.targets import TrainBatch, make_batch, off_policy_td_steps
@@ -50,7 +49,7 @@ def eval_mode(model: torch.nn.Module) -> Iterator[None]:
 
 def soft_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """[B, C] logits, [B, C] target distribution -> [B]."""
-    return -(target * log_softmax_last(logits)).sum(-1)
+    return -(target * F.log_softmax(logits, dim=-1)).sum(-1)
 
 
 def root_loss_weight(k_steps: int, convention: str) -> float:

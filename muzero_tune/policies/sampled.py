@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from muzero_tune.config import ConfigError
 from muzero_tune.mcts.sampled import SampledSearch
-from muzero_tune.models.ops import log_softmax_last
 from muzero_tune.models.sampled_net import (
     MLPGaussianEfficientZeroNet,
     MLPGaussianMuZeroNet,
@@ -136,7 +136,7 @@ class SampledPolicyMixin:
         if self.continuous:
             log_prob = tanh_gaussian_log_prob(policy_logits, actions.to(policy_logits.dtype))  # [B, K]
         else:
-            log_prob = log_softmax_last(policy_logits).gather(-1, actions.long())  # [B, K]
+            log_prob = F.log_softmax(policy_logits, dim=-1).gather(-1, actions.long())  # [B, K]
         return -(target * log_prob).sum(-1)
 
     def policy_entropy(self, policy_logits: torch.Tensor) -> torch.Tensor:
