@@ -3,6 +3,10 @@ root visit accounting and action selection. Uses a deterministic tabular toy wor
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -337,3 +341,31 @@ def test_select_action_argmax_and_sampling_frequencies():
         expected = expected / expected.sum()
         assert freq[2] == 0.0  # zero visits -> never sampled
         np.testing.assert_allclose(freq, expected, atol=0.012)
+
+
+_ACT_EVERY_SEARCH = """
+import numpy as np
+from muzero_tune.config import make_config
+from muzero_tune.pipeline.core import make_policy
+for preset in ("cartpole_muzero", "cartpole_stochastic_muzero", "cartpole_sampled_muzero",
+               "cartpole_gumbel_muzero"):
+    policy, spec = make_policy(make_config(preset, overrides={"mcts.num_simulations": 4}))
+    obs = np.zeros((3, *spec.obs_shape), dtype=np.float32)
+    policy.act(policy.build_model().eval(), obs, np.ones((3, spec.num_actions), dtype=bool), explore=True,
+               temperature=1.0, rng=np.random.default_rng(0))
+"""
+
+
+def test_search_kernels_load_from_numba_cache_in_a_new_process():
+    """Every search kernel a policy calls is loaded from numba's on-disk cache by the next process, not
+    compiled again: a new collector or evaluator actor would otherwise pay the compile (1.2 s for one
+    kernel whose cache key changed with every process) before its first collect."""
+    env = {**os.environ, "NUMBA_DEBUG_CACHE": "1"}
+    runs = [
+        subprocess.run([sys.executable, "-c", _ACT_EVERY_SEARCH], env=env, capture_output=True, text=True,
+                       timeout=300, check=True).stdout  # fmt: skip
+        for _ in range(2)
+    ]
+    second = runs[1].splitlines()
+    assert any("data loaded" in line and "mcts" in line for line in second)
+    assert [line for line in second if "data saved" in line] == []

@@ -275,64 +275,85 @@ def store_latents(store, node, address, batch_size):
         _copy_bytes(_address(store) + node * store.shape[1] * width, address, batch_size * width)
 
 
-def _make_expand_and_backup(chance_edges):
-    """The expansion + backup kernels with the chance-edge rule compiled in (a compile-time constant, so the
-    kernel without chance nodes carries no kind checks); each variant is cached on its own."""
+@numba.njit(cache=True, _nrt=False, inline="always")
+def expand_and_backup_trees(children, prior, logits, kind, visit_count, value_sum, reward, raw_value,
+                            min_value, max_value, path, path_len, sel_parent, sel_action, sel_kind,
+                            leaf_reward, leaf_value, leaf_logits, new_node, batch_size, num_actions,
+                            num_chances, discount, chance_edges):
+    """Attach node ``new_node`` at (sel_parent, sel_action) in every tree and back its value up.
 
-    @numba.njit(cache=True, _nrt=False, inline="always")
-    def expand_and_backup_trees(children, prior, logits, kind, visit_count, value_sum, reward, raw_value,
-                                min_value, max_value, path, path_len, sel_parent, sel_action, sel_kind,
-                                leaf_reward, leaf_value, leaf_logits, new_node, batch_size, num_actions,
-                                num_chances, discount):
-        for b in range(batch_size):
-            width = num_actions
-            new_kind = DECISION
-            if chance_edges and sel_kind[b] == DECISION:
-                width = num_chances
-                new_kind = CHANCE
-            attach_leaf(children, kind, reward, raw_value, path, path_len, sel_parent, sel_action,
-                        leaf_reward, leaf_value, b, new_node, new_kind)
-            for a in range(width):
-                logits[b, new_node, a] = leaf_logits[b, a]
-            softmax_into(prior, b, new_node, leaf_logits, width)
-            backup_path(kind, visit_count, value_sum, reward, min_value, max_value, path, path_len, b,
-                        leaf_value[b], discount, chance_edges)
-
-    @numba.njit(cache=True, _nrt=False)
-    def expand_and_backup(children, prior, logits, kind, visit_count, value_sum, reward, raw_value,
-                          min_value, max_value, path, path_len, sel_parent, sel_action, sel_kind, leaf_reward,
-                          leaf_value, leaf_logits, new_node, batch_size, num_actions, num_chances, discount):
-        """Attach node ``new_node`` at (sel_parent, sel_action) in every tree and back its value up.
-
-        leaf_reward [Bc], leaf_value [Bc], leaf_logits [Bc, W] float64: the network outputs for the new nodes
-        (policy logits over A for a decision node, chance logits over C for a chance node). With chance
-        edges the new node's kind alternates with its parent's and chance nodes do not discount.
-        """
-        expand_and_backup_trees(children, prior, logits, kind, visit_count, value_sum, reward, raw_value,
-                                min_value, max_value, path, path_len, sel_parent, sel_action, sel_kind,
-                                leaf_reward, leaf_value, leaf_logits, new_node, batch_size, num_actions,
-                                num_chances, discount)
-
-    @numba.njit(cache=True, _nrt=False)
-    def store_expand_and_backup(children, prior, logits, kind, visit_count, value_sum, reward, raw_value,
-                                min_value, max_value, path, path_len, sel_parent, sel_action, sel_kind,
-                                leaf_reward, leaf_value, leaf_logits, store, latent_address, new_node,
-                                batch_size, num_actions, num_chances, discount):
-        """:func:`store_latents` of the new nodes' latents (``store`` [Nc, Bc, Z] uint8, ``latent_address``
-        of the network's C-contiguous [B, *latent_shape] output, or 0), then :func:`expand_and_backup`: the
-        whole expansion after the network call in one call."""
-        store_latents(store, new_node, latent_address, batch_size)
-        expand_and_backup_trees(children, prior, logits, kind, visit_count, value_sum, reward, raw_value,
-                                min_value, max_value, path, path_len, sel_parent, sel_action, sel_kind,
-                                leaf_reward, leaf_value, leaf_logits, new_node, batch_size, num_actions,
-                                num_chances, discount)
-
-    return expand_and_backup, store_expand_and_backup
+    leaf_reward [Bc], leaf_value [Bc], leaf_logits [Bc, W] float64: the network outputs for the new nodes
+    (policy logits over A for a decision node, chance logits over C for a chance node). With
+    ``chance_edges`` the new node's kind alternates with its parent's and chance nodes do not discount. The
+    kernels below inline it with ``chance_edges`` a literal, so trees without chance nodes carry no kind
+    checks. (They are module-level functions, not closures of a factory: numba keys a cached closure on its
+    cells' pickled bytes, which changed with every process for a cell holding a dispatcher -- each process
+    compiled the kernel again, 1.2 s, and added an entry to its cache index.)
+    """
+    for b in range(batch_size):
+        width = num_actions
+        new_kind = DECISION
+        if chance_edges and sel_kind[b] == DECISION:
+            width = num_chances
+            new_kind = CHANCE
+        attach_leaf(children, kind, reward, raw_value, path, path_len, sel_parent, sel_action,
+                    leaf_reward, leaf_value, b, new_node, new_kind)
+        for a in range(width):
+            logits[b, new_node, a] = leaf_logits[b, a]
+        softmax_into(prior, b, new_node, leaf_logits, width)
+        backup_path(kind, visit_count, value_sum, reward, min_value, max_value, path, path_len, b,
+                    leaf_value[b], discount, chance_edges)
 
 
-# trees of decision nodes only; decision and chance nodes (Stochastic MuZero)
-expand_and_backup, store_expand_and_backup = _make_expand_and_backup(False)
-expand_and_backup_chance, store_expand_and_backup_chance = _make_expand_and_backup(True)
+@numba.njit(cache=True, _nrt=False)
+def expand_and_backup(children, prior, logits, kind, visit_count, value_sum, reward, raw_value, min_value,
+                      max_value, path, path_len, sel_parent, sel_action, sel_kind, leaf_reward, leaf_value,
+                      leaf_logits, new_node, batch_size, num_actions, num_chances, discount):
+    """:func:`expand_and_backup_trees` for trees of decision nodes only."""
+    expand_and_backup_trees(children, prior, logits, kind, visit_count, value_sum, reward, raw_value,
+                            min_value, max_value, path, path_len, sel_parent, sel_action, sel_kind,
+                            leaf_reward, leaf_value, leaf_logits, new_node, batch_size, num_actions,
+                            num_chances, discount, False)
+
+
+@numba.njit(cache=True, _nrt=False)
+def expand_and_backup_chance(children, prior, logits, kind, visit_count, value_sum, reward, raw_value,
+                             min_value, max_value, path, path_len, sel_parent, sel_action, sel_kind,
+                             leaf_reward, leaf_value, leaf_logits, new_node, batch_size, num_actions,
+                             num_chances, discount):
+    """:func:`expand_and_backup_trees` for trees of decision and chance nodes (Stochastic MuZero)."""
+    expand_and_backup_trees(children, prior, logits, kind, visit_count, value_sum, reward, raw_value,
+                            min_value, max_value, path, path_len, sel_parent, sel_action, sel_kind,
+                            leaf_reward, leaf_value, leaf_logits, new_node, batch_size, num_actions,
+                            num_chances, discount, True)
+
+
+@numba.njit(cache=True, _nrt=False)
+def store_expand_and_backup(children, prior, logits, kind, visit_count, value_sum, reward, raw_value,
+                            min_value, max_value, path, path_len, sel_parent, sel_action, sel_kind,
+                            leaf_reward, leaf_value, leaf_logits, store, latent_address, new_node,
+                            batch_size, num_actions, num_chances, discount):
+    """:func:`store_latents` of the new nodes' latents (``store`` [Nc, Bc, Z] uint8, ``latent_address`` of
+    the network's C-contiguous [B, *latent_shape] output, or 0), then :func:`expand_and_backup`: the whole
+    expansion after the network call in one call."""
+    store_latents(store, new_node, latent_address, batch_size)
+    expand_and_backup_trees(children, prior, logits, kind, visit_count, value_sum, reward, raw_value,
+                            min_value, max_value, path, path_len, sel_parent, sel_action, sel_kind,
+                            leaf_reward, leaf_value, leaf_logits, new_node, batch_size, num_actions,
+                            num_chances, discount, False)
+
+
+@numba.njit(cache=True, _nrt=False)
+def store_expand_and_backup_chance(children, prior, logits, kind, visit_count, value_sum, reward, raw_value,
+                                   min_value, max_value, path, path_len, sel_parent, sel_action, sel_kind,
+                                   leaf_reward, leaf_value, leaf_logits, store, latent_address, new_node,
+                                   batch_size, num_actions, num_chances, discount):
+    """:func:`store_expand_and_backup` for trees of decision and chance nodes (Stochastic MuZero)."""
+    store_latents(store, new_node, latent_address, batch_size)
+    expand_and_backup_trees(children, prior, logits, kind, visit_count, value_sum, reward, raw_value,
+                            min_value, max_value, path, path_len, sel_parent, sel_action, sel_kind,
+                            leaf_reward, leaf_value, leaf_logits, new_node, batch_size, num_actions,
+                            num_chances, discount, True)
 
 
 @numba.njit(cache=True, _nrt=False, inline="always")
