@@ -11,7 +11,7 @@ import torch
 
 from muzero_tune.config import ConfigError, make_config
 from muzero_tune.pipeline.core import DriverCore
-from muzero_tune.pipeline.learner import resolve_device
+from muzero_tune.pipeline.learner import cpu_has_native_bf16, resolve_device
 from muzero_tune.pipeline.reporter import MemoryReporter
 from muzero_tune.replay.random_rollout import random_segments
 
@@ -31,7 +31,9 @@ def test_cpu_only_machine_resolves_auto_and_rejects_cuda():
         "cartpole_muzero", overrides={**TINY, "learn.device": "auto", "learn.mixed_precision": True}
     )
     core = DriverCore(cfg, MemoryReporter())
-    assert core.learner.device.type == "cpu" and not core.learner._amp
+    # mixed precision on a CPU: bf16 where the CPU runs it natively, fp32 elsewhere (with a ConfigWarning)
+    expected = torch.bfloat16 if cpu_has_native_bf16() else None
+    assert core.learner.device.type == "cpu" and core.learner.autocast_dtype == expected
 
 
 def _trained_core(device: str, **extra) -> DriverCore:
