@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from muzero_tune.config import ConfigError, make_config
+from muzero_tune.pipeline.collector import SegmentCollector
 from muzero_tune.pipeline.core import DriverCore
 from muzero_tune.pipeline.learner import cpu_has_native_bf16, resolve_device
 from muzero_tune.pipeline.reporter import MemoryReporter
@@ -74,3 +75,41 @@ def test_cuda_learner_and_search(amp):
         rng=np.random.default_rng(0),
     )
     assert act.actions.shape == (8,)
+
+
+# one preset per policy type (continuous control for the sampled types: their tanh-Gaussian loss)
+PRESET_PER_TYPE = [
+    "cartpole_muzero",
+    "cartpole_efficientzero",
+    "cartpole_gumbel_muzero",
+    "cartpole_stochastic_muzero",
+    "cartpole_muzero_context",
+    "cartpole_muzero_rnn_full_obs",
+    "pendulum_sampled_muzero",
+    "pendulum_sampled_efficientzero",
+    "cartpole_unizero",
+    "pendulum_sampled_unizero",
+]
+
+
+@pytest.mark.skipif(not cpu_has_native_bf16(), reason="this CPU has no native bf16")
+@pytest.mark.parametrize("preset", PRESET_PER_TYPE)
+def test_every_policy_type_trains_under_cpu_mixed_precision(preset):
+    """``learn.mixed_precision`` on a CPU with native bf16, every policy type: a few train steps on collected
+    data give finite losses and priorities, and the weights stay fp32 and finite."""
+    cfg = make_config(
+        preset,
+        overrides={"learn.mixed_precision": True, "learn.batch_size": 16, "mcts.num_simulations": 2},
+    )
+    core = DriverCore(cfg, MemoryReporter())
+    assert core.learner.autocast_dtype == torch.bfloat16
+    collector = SegmentCollector(cfg, core.policy, core.spec, seed=0)
+    try:
+        while core.buffer.num_transitions < 200:
+            core.push_collect(collector.collect(core.learner.model, temperature=1.0))
+    finally:
+        collector.close()
+    for _ in range(5):
+        out = core.train_step()
+        assert np.isfinite(out.metrics["train/loss_total"]) and np.all(np.isfinite(out.priorities))
+    assert all(p.dtype == torch.float32 and torch.isfinite(p).all() for p in core.learner.model.parameters())

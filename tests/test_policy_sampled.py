@@ -79,6 +79,23 @@ def test_continuous_policy_loss_is_the_tanh_gaussian_cross_entropy():
     )
 
 
+def test_continuous_policy_loss_is_finite_from_bf16_heads_at_the_action_bounds():
+    """Under ``learn.mixed_precision`` the policy head gives bf16 params; the tanh-Gaussian log-density is
+    taken in fp32 (in bf16 the actions' clamp 1 - 1e-6 rounds to 1 and atanh(1) is inf): finite at actions on
+    the bounds (where the search's tanh puts saturated samples), and the fp32 loss of the same params."""
+    policy, _ = _policy()
+    g = torch.Generator().manual_seed(0)
+    params = torch.randn(5, 2, generator=g).to(torch.bfloat16)  # [B, 2D], D = 1
+    actions = torch.tanh(torch.randn(5, 2, K, 1, generator=g))
+    actions[:, 1, 0] = 1.0
+    actions[:, 1, 1] = -1.0
+    target = torch.softmax(torch.randn(5, K, generator=g), -1)
+    loss = policy.policy_step_loss(params, _Batch(actions.numpy()), 1, target)
+    assert torch.isfinite(loss).all() and loss.dtype == torch.float32
+    fp32 = policy.policy_step_loss(params.float(), _Batch(actions.numpy()), 1, target)
+    torch.testing.assert_close(loss, fp32)
+
+
 def test_discrete_policy_loss_is_the_cross_entropy_at_the_sampled_ids():
     policy, _ = _policy(
         "cartpole_sampled_muzero", **{"policy.num_samples": 2, "policy.policy_entropy_weight": 0}
