@@ -47,7 +47,11 @@ def tanh_gaussian_log_prob(params: Tensor, actions: Tensor) -> Tensor:
     """log q(a) of actions [..., K, D] in [-1, 1] under tanh(N(mu, sigma)) with params [..., 2D] -> [..., K].
 
     q(a) = N(atanh a; mu, sigma) / prod_d (1 - a_d^2), with the search's 1e-6 in the correction and the
-    actions clamped to +-(1 - 1e-6) before atanh."""
+    actions clamped to +-(1 - 1e-6) before atanh. Computed in at least fp32 (the result's dtype): in bf16 that
+    clamp rounds to 1 and atanh(1) is inf, so bf16 params (a head under ``learn.mixed_precision``) are
+    promoted; fp32 and fp64 inputs run as they are."""
+    dtype = torch.promote_types(params.dtype, torch.float32)
+    params, actions = params.to(dtype), actions.to(dtype)
     mu, log_sigma = split_gaussian(params)
     mu, log_sigma = mu.unsqueeze(-2), log_sigma.unsqueeze(-2)  # [..., 1, D]
     a = actions.clamp(-ACTION_CLAMP, ACTION_CLAMP)

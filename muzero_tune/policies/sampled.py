@@ -134,10 +134,7 @@ class SampledPolicyMixin:
         slots hold action 0 with target 0, so every batch has one fixed shape)."""
         actions = torch.as_tensor(batch.extras[SAMPLED_ACTIONS][:, k], device=policy_logits.device)
         if self.continuous:
-            # at least fp32 even under learn.mixed_precision: in bf16 the actions' clamp 1 - 1e-6 rounds to 1
-            # and atanh(1) is inf (a no-op in fp32 runs)
-            dtype = torch.promote_types(policy_logits.dtype, torch.float32)
-            log_prob = tanh_gaussian_log_prob(policy_logits.to(dtype), actions.to(dtype))  # [B, K]
+            log_prob = tanh_gaussian_log_prob(policy_logits, actions)  # [B, K], in at least fp32
         else:
             log_prob = F.log_softmax(policy_logits, dim=-1).gather(-1, actions.long())  # [B, K]
         return -(target * log_prob).sum(-1)
