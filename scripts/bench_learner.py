@@ -21,7 +21,7 @@ import torch
 
 from muzero_tune.config import make_config, parse_set_args
 from muzero_tune.models.layout import place_model
-from muzero_tune.pipeline.collector import SegmentCollector
+from muzero_tune.pipeline.collector import fill_replay
 from muzero_tune.pipeline.core import DriverCore, setup_torch_threads
 from muzero_tune.pipeline.learner import make_optimizer
 from muzero_tune.pipeline.reporter import MemoryReporter
@@ -64,10 +64,7 @@ def main(argv: list[str] | None = None) -> None:
     setup_torch_threads()
     cfg = make_config(args.preset, overrides={"logging.quiet": True, **parse_set_args(args.overrides)})
     core = DriverCore(cfg, MemoryReporter())
-    collector = SegmentCollector(cfg, core.policy, core.spec, seed=0)
-    while core.buffer.num_transitions < max(2 * cfg.learn.batch_size, 1000):
-        core.push_collect(collector.collect(core.learner.model, temperature=1.0))
-    collector.close()
+    fill_replay(core, max(2 * cfg.learn.batch_size, 1000))
 
     bs, k = cfg.learn.batch_size, cfg.replay.num_unroll_steps
     # the learner's device and layout: the same network

@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 from muzero_tune.config import make_config
-from muzero_tune.pipeline.collector import SegmentCollector
+from muzero_tune.pipeline.collector import fill_replay
 from muzero_tune.pipeline.core import DriverCore, setup_torch_threads
 from muzero_tune.pipeline.reporter import MemoryReporter
 from muzero_tune.policies.registry import implemented_policy_types
@@ -25,10 +25,7 @@ from muzero_tune.policies.registry import implemented_policy_types
 def prepared_core(policy_type: str) -> DriverCore:
     cfg = make_config(f"cartpole_{policy_type}", overrides={"logging.quiet": True})
     core = DriverCore(cfg, MemoryReporter())
-    collector = SegmentCollector(cfg, core.policy, core.spec, seed=0)
-    while core.buffer.num_transitions < 2 * cfg.learn.batch_size:
-        core.push_collect(collector.collect(core.learner.model, temperature=1.0))
-    collector.close()
+    fill_replay(core, 2 * cfg.learn.batch_size)
     return core
 
 

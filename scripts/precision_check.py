@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 from muzero_tune.config import make_config, parse_set_args
-from muzero_tune.pipeline.collector import SegmentCollector
+from muzero_tune.pipeline.collector import fill_replay
 from muzero_tune.pipeline.core import DriverCore, setup_torch_threads
 from muzero_tune.pipeline.learner import Learner
 from muzero_tune.pipeline.reporter import MemoryReporter
@@ -40,10 +40,7 @@ def main(argv: list[str] | None = None) -> None:
     base = {"logging.quiet": True, **parse_set_args(args.overrides)}
     cfg = make_config(args.preset, overrides={**base, "learn.mixed_precision": False})
     core = DriverCore(cfg, MemoryReporter())
-    collector = SegmentCollector(cfg, core.policy, core.spec, seed=cfg.seed)
-    while core.buffer.num_transitions < max(args.transitions, cfg.learn.batch_size):
-        core.push_collect(collector.collect(core.learner.model, temperature=1.0))
-    collector.close()
+    fill_replay(core, max(args.transitions, cfg.learn.batch_size), seed=cfg.seed)
 
     learners = {
         "fp32": core.learner,

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from muzero_tune.config import ConfigError, make_config
-from muzero_tune.pipeline.collector import SegmentCollector
+from muzero_tune.pipeline.collector import fill_replay
 from muzero_tune.pipeline.core import DriverCore
 from muzero_tune.pipeline.learner import cpu_has_native_bf16, resolve_device
 from muzero_tune.pipeline.reporter import MemoryReporter
@@ -103,12 +103,7 @@ def test_every_policy_type_trains_under_cpu_mixed_precision(preset):
     )
     core = DriverCore(cfg, MemoryReporter())
     assert core.learner.autocast_dtype == torch.bfloat16
-    collector = SegmentCollector(cfg, core.policy, core.spec, seed=0)
-    try:
-        while core.buffer.num_transitions < 200:
-            core.push_collect(collector.collect(core.learner.model, temperature=1.0))
-    finally:
-        collector.close()
+    fill_replay(core, 200)
     for _ in range(5):
         out = core.train_step()
         assert np.isfinite(out.metrics["train/loss_total"]) and np.all(np.isfinite(out.priorities))

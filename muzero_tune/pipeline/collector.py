@@ -182,3 +182,15 @@ class SegmentCollector:
     def close(self) -> None:
         for env in self.envs:
             env.close()
+
+
+def fill_replay(core, min_transitions: int, *, seed: int = 0) -> None:
+    """Collect with ``core``'s learner model (a :class:`~muzero_tune.pipeline.core.DriverCore`, exploring at
+    temperature 1) until its replay buffer holds at least ``min_transitions`` transitions, then close the
+    collector: the filled buffer that benchmarks, checks and tests of the learner start from."""
+    collector = SegmentCollector(core.cfg, core.policy, core.spec, seed=seed)
+    try:
+        while core.buffer.num_transitions < min_transitions:
+            core.push_collect(collector.collect(core.learner.model, temperature=1.0))
+    finally:
+        collector.close()
