@@ -395,14 +395,16 @@ class MuZeroPolicy(Policy):
         )
         weights = t(batch.weights)
         loss = (weights * per_sample).mean()
-        # priorities and metrics off the autograd graph: the root value decoded in numba and every metric
-        # read in one tensor-to-list (one small op each would rival the reward loss: ~0.1 ms at batch 256)
-        pred_v0 = logits_to_scalar_np(root.value_logits.detach().float().cpu().numpy(), support_size=vs)
-        priorities = np.abs(pred_v0 - tv_np[:, 0]) + np.float32(1e-6)  # [B] float32
+        # priorities and metrics off the autograd graph, every metric read in one tensor-to-list (one small
+        # op and sync each would cost about what the reward loss does at batch 256). The priorities stay in
+        # torch's fp32 arithmetic: a decode in numba's float64 moves them by ~1e-7, and through prioritized
+        # sampling that changes which samples a run trains on
         with torch.no_grad():
+            pred_v0 = logits_to_scalar(root.value_logits.float(), support_size=vs)  # [B]
+            priorities = ((pred_v0 - tv[:, 0]).abs() + 1e-6).cpu().numpy()  # [B] float32
             entropy = self.policy_entropy(root.policy_logits)  # [B]
-            terms = torch.stack([policy_loss, value_loss, reward_loss, ssl_loss, entropy]).mean(1)  # [5]
-            loss_policy, loss_value, loss_reward, loss_ssl, entropy = terms.tolist()
+            terms = torch.stack([policy_loss, value_loss, reward_loss, ssl_loss, entropy, pred_v0]).mean(1)
+            loss_policy, loss_value, loss_reward, loss_ssl, entropy, pred_mean = terms.tolist()
         metrics = {
             "train/loss_total": loss.item(),
             "train/loss_policy": loss_policy,
@@ -410,7 +412,7 @@ class MuZeroPolicy(Policy):
             "train/loss_reward": loss_reward,
             "train/loss_ssl": loss_ssl,
             "train/policy_entropy": entropy,
-            "train/value_pred_mean": float(pred_v0.mean()),
+            "train/value_pred_mean": pred_mean,
             "train/value_target_mean": float(tv_np[:, 0].mean()),
         }
         return LossOutput(loss=loss, per_sample_loss=per_sample, priorities=priorities, metrics=metrics)
