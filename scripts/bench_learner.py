@@ -130,6 +130,7 @@ def main(argv: list[str] | None = None) -> None:
         variants["bare_fp32"] = lambda: bare_step(model, opt, obs, actions, k)
     # warm-up, then many short interleaved rounds: every variant sees the same machine load, and the
     # ratios are taken per round (the median and the spread say how much the shared machine moved them)
+    # and between each variant's fastest round
     for fn in variants.values():
         time_it(fn, 2)
     per_round: dict[str, list[float]] = {name: [] for name in variants}
@@ -139,8 +140,12 @@ def main(argv: list[str] | None = None) -> None:
     med = {name: float(np.median(v)) for name, v in per_round.items()}
 
     def ratio(num: str, den: str) -> str:
+        """The median of the per-round ratios and their spread, and the ratio of each variant's fastest round
+        (the least disturbed run of each: a neighbour's load only ever slows a round down)."""
         r = np.asarray(per_round[num]) / np.asarray(per_round[den])
-        return f"{np.median(r):.2f} (per-round min {r.min():.2f}, max {r.max():.2f})"
+        fastest = min(per_round[num]) / min(per_round[den])
+        spread = f"per-round min {r.min():.2f}, max {r.max():.2f}"
+        return f"{np.median(r):.2f} ({spread}; fastest rounds {fastest:.2f})"
 
     f, b, x, t, v = med["full"], med["bare"], med["fixed"], med["targets"], med["bootstrap"]
     precision = "fp32" if amp is None else f"autocast {str(amp).removeprefix('torch.')}"
