@@ -59,13 +59,19 @@ class _Batch:
         self.extras = {"sampled_actions": sampled}
 
 
+def _step_loss(policy, logits, sampled, k, target):
+    """``policy.policy_losses`` of unroll step k alone: ``logits`` [B, P], ``sampled`` [B, K+1, slots, ...]
+    (numpy), ``target`` [B, slots] -> [B]."""
+    return policy.policy_losses(logits[:, None], _Batch(sampled[:, k : k + 1]), target[:, None])[:, 0]
+
+
 def test_continuous_policy_loss_is_the_tanh_gaussian_cross_entropy():
     policy, _ = _policy(**{"policy.policy_entropy_weight": 0.0})
     g = torch.Generator().manual_seed(0)
     params = torch.randn(5, 2, generator=g, dtype=torch.float64)  # [B, 2D], D = 1
     actions = torch.tanh(torch.randn(5, 2, K, 1, generator=g, dtype=torch.float64))  # [B, K+1=2, K, D]
     target = torch.softmax(torch.randn(5, K, generator=g, dtype=torch.float64), -1)
-    loss = policy.policy_step_loss(params, _Batch(actions.numpy()), 1, target)
+    loss = _step_loss(policy, params, actions.numpy(), 1, target)
     dist = _tanh_normal(params[:, None, :])  # batch [B, 1] -> broadcast over K
     log_prob = dist.log_prob(actions[:, 1].clamp(-1 + 1e-6, 1 - 1e-6)).sum(-1)  # [B, K]
     expected = -(target * log_prob).sum(-1)
@@ -75,7 +81,7 @@ def test_continuous_policy_loss_is_the_tanh_gaussian_cross_entropy():
     bonus, _ = _policy(**{"policy.policy_entropy_weight": 0.5})
     entropy = torch.distributions.Normal(params[:, :1], params[:, 1:].clamp(-20, 2).exp()).entropy().sum(-1)
     torch.testing.assert_close(
-        bonus.policy_step_loss(params, _Batch(actions.numpy()), 1, target), loss - 0.5 * entropy
+        _step_loss(bonus, params, actions.numpy(), 1, target), loss - 0.5 * entropy
     )
 
 
@@ -90,9 +96,9 @@ def test_continuous_policy_loss_is_finite_from_bf16_heads_at_the_action_bounds()
     actions[:, 1, 0] = 1.0
     actions[:, 1, 1] = -1.0
     target = torch.softmax(torch.randn(5, K, generator=g), -1)
-    loss = policy.policy_step_loss(params, _Batch(actions.numpy()), 1, target)
+    loss = _step_loss(policy, params, actions.numpy(), 1, target)
     assert torch.isfinite(loss).all() and loss.dtype == torch.float32
-    fp32 = policy.policy_step_loss(params.float(), _Batch(actions.numpy()), 1, target)
+    fp32 = _step_loss(policy, params.float(), actions.numpy(), 1, target)
     torch.testing.assert_close(loss, fp32)
 
 
@@ -103,7 +109,7 @@ def test_discrete_policy_loss_is_the_cross_entropy_at_the_sampled_ids():
     logits = torch.tensor([[0.3, -1.0], [2.0, 0.5]])
     ids = np.array([[[1, 0]], [[0, 1]]])  # [B, K+1 = 1, K = 2]
     target = torch.tensor([[0.25, 0.75], [1.0, 0.0]])
-    loss = policy.policy_step_loss(logits, _Batch(ids), 0, target)
+    loss = _step_loss(policy, logits, ids, 0, target)
     logp = F.log_softmax(logits, -1)
     expected = torch.stack([-(0.25 * logp[0, 1] + 0.75 * logp[0, 0]), -logp[1, 0]])
     torch.testing.assert_close(loss, expected)

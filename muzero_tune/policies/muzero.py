@@ -282,10 +282,15 @@ class MuZeroPolicy(Policy):
 
     def policy_losses(self, policy_logits: torch.Tensor, batch: TrainBatch, target: torch.Tensor):
         """[B, K+1] policy loss of every unroll step (0 = root) before masking, from the heads' outputs
-        ``policy_logits`` [B, K+1, P] and the targets ``target`` [B, K+1, A] (= ``batch.target_policy``).
+        ``policy_logits`` [B, K+1, P] and the targets ``target`` [B, K+1, A] (= ``batch.target_policy``):
+        here :meth:`policy_cross_entropies` (a type with an entropy bonus subtracts it here)."""
+        return self.policy_cross_entropies(policy_logits, batch, target)
 
-        Here the cross-entropy of all steps at once (one log-softmax over the stacked logits); a type whose
-        step loss needs per-step data (the sampled types: each step's sampled actions) overrides it."""
+    def policy_cross_entropies(self, policy_logits: torch.Tensor, batch: TrainBatch, target: torch.Tensor):
+        """[B, K+1] cross-entropy of every unroll step's policy ``policy_logits`` [B, K+1, P] against its
+        target ``target`` [B, K+1, A]: here all steps at once (one log-softmax over the stacked logits, the
+        same values and gradients as one per step); a type whose cross-entropy needs per-step data (the
+        sampled types: each step's sampled actions) overrides it."""
         return soft_cross_entropy(policy_logits, target)
 
     def policy_cross_entropy(
@@ -372,8 +377,7 @@ class MuZeroPolicy(Policy):
                 ssl_loss = ssl_loss + (-cos) * omask[:, k]
         policy_ce = self.policy_losses(torch.stack(policy_logits, 1), batch, tp) * pmask  # [B, K+1]
         # read last: a bootstrap forward on the learner's helper thread ran alongside the unroll above
-        tv_np = batch.value_targets()  # [B, K+1] float32
-        tv = t(tv_np)
+        tv = t(batch.value_targets())  # [B, K+1]
         # the value and reward cross-entropies of all steps at once: one log-softmax and gather each
         value_ce = two_hot_cross_entropy(torch.stack(value_logits, 1), tv, support_size=vs) * vmask  # [B,K+1]
         if root_w != 1.0:
@@ -403,8 +407,10 @@ class MuZeroPolicy(Policy):
             pred_v0 = logits_to_scalar(root.value_logits.float(), support_size=vs)  # [B]
             priorities = ((pred_v0 - tv[:, 0]).abs() + 1e-6).cpu().numpy()  # [B] float32
             entropy = self.policy_entropy(root.policy_logits)  # [B]
-            terms = torch.stack([policy_loss, value_loss, reward_loss, ssl_loss, entropy, pred_v0]).mean(1)
-            loss_policy, loss_value, loss_reward, loss_ssl, entropy, pred_mean = terms.tolist()
+            terms = [policy_loss, value_loss, reward_loss, ssl_loss, entropy, pred_v0, tv[:, 0]]  # 7 of [B]
+            loss_policy, loss_value, loss_reward, loss_ssl, entropy, pred_mean, target_mean = (
+                torch.stack(terms).mean(1).tolist()
+            )
         metrics = {
             "train/loss_total": loss.item(),
             "train/loss_policy": loss_policy,
@@ -413,6 +419,6 @@ class MuZeroPolicy(Policy):
             "train/loss_ssl": loss_ssl,
             "train/policy_entropy": entropy,
             "train/value_pred_mean": pred_mean,
-            "train/value_target_mean": float(tv_np[:, 0].mean()),
+            "train/value_target_mean": target_mean,
         }
         return LossOutput(loss=loss, per_sample_loss=per_sample, priorities=priorities, metrics=metrics)

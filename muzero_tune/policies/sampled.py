@@ -123,17 +123,16 @@ class SampledPolicyMixin:
         return (*super().batch_extra_stats(), SAMPLED_ACTIONS)
 
     def policy_losses(self, policy_logits, batch: TrainBatch, target: torch.Tensor) -> torch.Tensor:
-        """[B, K+1] :meth:`policy_step_loss` of each unroll step: ``policy_logits`` [B, K+1, P], ``target``
-        [B, K+1, slots] (each step's slots hold other sampled actions)."""
-        per_step = [
-            self.policy_step_loss(policy_logits[:, k], batch, k, target[:, k]) for k in range(target.shape[1])
-        ]
-        return torch.stack(per_step, 1)
-
-    def policy_step_loss(self, policy_logits, batch: TrainBatch, k: int, target: torch.Tensor):
-        """[B] ``-sum_slots p log pi(a_slot) - w_entropy * H(pi)`` at unroll step k (module docstring)."""
-        cross_entropy = self.policy_cross_entropy(policy_logits, batch, k, target)
+        """[B, K+1] ``-sum_slots p log pi(a_slot) - w_entropy * H(pi)`` of each unroll step (module
+        docstring): ``policy_logits`` [B, K+1, P], ``target`` [B, K+1, slots]."""
+        cross_entropy = self.policy_cross_entropies(policy_logits, batch, target)
         return cross_entropy - self.cfg.policy.policy_entropy_weight * self.policy_entropy(policy_logits)
+
+    def policy_cross_entropies(self, policy_logits, batch: TrainBatch, target: torch.Tensor) -> torch.Tensor:
+        """[B, K+1] :meth:`policy_cross_entropy` of each unroll step (each step's slots hold other sampled
+        actions): ``policy_logits`` [B, K+1, P], ``target`` [B, K+1, slots]."""
+        ce, steps = self.policy_cross_entropy, range(target.shape[1])
+        return torch.stack([ce(policy_logits[:, k], batch, k, target[:, k]) for k in steps], 1)
 
     def policy_cross_entropy(self, policy_logits, batch: TrainBatch, k: int, target: torch.Tensor):
         """[B] ``-sum_slots p_slot log pi(a_slot)`` at unroll step k: ``policy_logits`` [B, P] (Gaussian

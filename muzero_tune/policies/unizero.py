@@ -28,8 +28,8 @@
 * **Loss** -- teacher-forced over the K-step sequence [o_t, a_t, ..., a_{t+K-1}, o_{t+K}] (one transformer
   pass): next-latent loss against the target model's tokenizer (MSE with LayerNorm latents, group KL with
   SimNorm), cross-entropy on reward, value and policy, minus a policy entropy bonus (:meth:`compute_loss`).
-  The policy terms go through :meth:`policy_cross_entropy` and :meth:`policy_entropy`, so a type with another
-  policy head (``sampled_unizero``: K sampled actions, a Gaussian) plugs in without a second loss.
+  The policy terms go through :meth:`policy_cross_entropies` and :meth:`policy_entropy`, so a type with
+  another policy head (``sampled_unizero``: K sampled actions, a Gaussian) plugs in without a second loss.
 """
 
 from __future__ import annotations
@@ -430,9 +430,7 @@ class UniZeroPolicy(MuZeroPolicy):
 
         tv = t(batch.value_targets())  # [B, K+1], read after the forward (a helper thread may compute it)
         value_loss = (ce(obs_out.value_logits, scalar_to_target(tv, support_size=vs)) * vmask).mean(1)
-        policy_ce = torch.stack(
-            [self.policy_cross_entropy(obs_out.policy_logits[:, k], batch, k, tp[:, k]) for k in range(k1)], 1
-        )  # [B, K+1]
+        policy_ce = self.policy_cross_entropies(obs_out.policy_logits, batch, tp)  # [B, K+1]
         policy_loss = (policy_ce * pmask).mean(1)
         entropy = (self.policy_entropy(obs_out.policy_logits) * pmask).mean(1)
         reward_loss = (ce(act_out.reward_logits, scalar_to_target(tr, support_size=rs)) * rmask).mean(1)
