@@ -328,3 +328,56 @@ def test_cached_priority_powers_give_exactly_the_probabilities_of_the_priorities
     other = ReplayBuffer(capacity_transitions=40, alpha=0.6)
     other.load_state_dict(buf.state_dict())
     assert other.probabilities().tobytes() == fresh(buf).tobytes()
+
+
+def _choice_reference(buf: ReplayBuffer, batch: int, rng: np.random.Generator):
+    """What ``sample`` drew before its sum tree: numpy's O(N) ``choice`` and the same weights formula."""
+    n = buf.num_transitions
+    probs = buf.probabilities()
+    flat = rng.choice(n, size=batch, replace=True, p=probs)
+    w = (n * probs[flat]) ** (-buf.beta)
+    return flat, (w / w.max()).astype(np.float32)
+
+
+def _check_tree(arr) -> None:
+    """Every inner node is exactly the sum of its children; leaves outside the live window are 0."""
+    tree, cap = arr._tree, arr._tree.size // 2
+    np.testing.assert_array_equal(tree[1:cap], tree[2:2 * cap:2] + tree[3:2 * cap:2])
+    leaves = np.zeros(cap)
+    leaves[arr._lo : arr._hi] = arr.view
+    np.testing.assert_array_equal(tree[cap:], leaves)
+
+
+@pytest.mark.parametrize("use_priority", [True, False])
+def test_sum_tree_draw_is_numpy_choice_through_push_evict_writeback_growth_and_reload(use_priority):
+    """The O(B log N) draw consumes the generator as ``rng.choice(n, p=P)`` did and returns the same flat
+    indices and bit-identical weights, while pushes evict, write-backs repeat indices, the storage grows and
+    is compacted (past its first 1,024 slots), and after a state_dict round trip."""
+    rng = np.random.default_rng(7)
+    buf = ReplayBuffer(capacity_transitions=1500, alpha=0.6, beta=0.4, use_priority=use_priority)
+    draws = 0
+    for uid in range(260):
+        buf.push([make_segment(uid, int(rng.integers(1, 20)), priorities=None if uid % 3 == 0 else
+                               rng.random(20) * 10.0 ** rng.integers(-3, 3))])  # fmt: skip
+        seed = int(rng.integers(1 << 30))
+        expect_flat, expect_w = _choice_reference(buf, 64, np.random.default_rng(seed))
+        drawn = np.random.default_rng(seed)
+        s = buf.sample(64, drawn)
+        np.testing.assert_array_equal(s.flat_index, expect_flat)
+        assert s.weights.tobytes() == expect_w.tobytes()
+        # the generator is left where choice left it
+        assert drawn.random() == np.random.default_rng(seed).random(65)[-1]
+        draws += 64
+        if use_priority:
+            idx = np.concatenate([s.flat_index, s.flat_index[:5]])
+            buf.update_priorities(idx, rng.random(69) * 3.0, s.make_time)
+        _check_tree(buf._pri_alpha)
+    assert buf.evicted_transitions > 1024 and buf.pushed_transitions > 2048  # evicted, grown, compacted
+    other = ReplayBuffer(capacity_transitions=1500, alpha=0.6, beta=0.4, use_priority=use_priority)
+    other.load_state_dict(buf.state_dict())
+    _check_tree(other._pri_alpha)
+    for seed in range(20):
+        np.testing.assert_array_equal(
+            other.sample(256, np.random.default_rng(seed)).flat_index,
+            _choice_reference(buf, 256, np.random.default_rng(seed))[0],
+        )

@@ -16,7 +16,7 @@ from muzero_tune.config import ConfigWarning, make_config
 from muzero_tune.envs.spec import EnvSpec
 from muzero_tune.models import build_network, logits_to_scalar
 from muzero_tune.models.layout import place_model
-from muzero_tune.pipeline.learner import Learner, cpu_has_native_bf16, lr_factor
+from muzero_tune.pipeline.learner import Learner, clip_grad_norm, cpu_has_native_bf16, lr_factor
 from muzero_tune.policies.muzero import MuZeroPolicy
 from muzero_tune.replay.buffer import ReplayBuffer
 from muzero_tune.replay.segment import GameSegment
@@ -255,6 +255,27 @@ def test_foreach_optimizer_step_is_bit_identical_to_the_per_tensor_loop(optimize
         multi.optimizer.state_dict()["state"], loop.optimizer.state_dict()["state"], "optimizer state"
     )
     assert any(not torch.equal(v, params(multi.model)[k]) for k, v in before.items())  # training moved them
+
+
+@pytest.mark.parametrize("max_norm", [1e-3, 0.5, 1e6])  # clipping hard, mid, never
+def test_gradient_clipping_is_bit_identical_to_torch(max_norm):
+    """The learner's clip (the multiply skipped when the factor is 1) leaves the gradients and returns the
+    norm exactly as ``torch.nn.utils.clip_grad_norm_(foreach=True)`` does; unused parameters keep no grad."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(7, 33), torch.nn.Tanh(), torch.nn.Linear(33, 5))
+    unused = torch.nn.Parameter(torch.ones(3))
+    net(torch.randn(64, 7)).pow(2).sum().backward()
+    ours = [p for p in net.parameters()] + [unused]
+    theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+    for a, b in zip(ours, theirs):
+        b.grad = None if a.grad is None else a.grad.clone()
+    norm = clip_grad_norm(ours, max_norm)
+    expect = torch.nn.utils.clip_grad_norm_(theirs, max_norm, foreach=True)
+    assert norm == float(expect) and norm > 0.0
+    for a, b in zip(ours, theirs):
+        assert (a.grad is None and b.grad is None) or torch.equal(a.grad, b.grad)
+    clipped = float(torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in ours[:-1]])))
+    assert clipped == pytest.approx(min(norm, max_norm), rel=1e-5)  # it did clip (or not) as asked
 
 
 def test_channels_last_conv_learner_matches_the_nchw_network():

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from muzero_tune.replay.frames import FrameDeduplicator, FrameRef
+from muzero_tune.replay.growable import Growable, SumTreeArray
 from muzero_tune.replay.segment import GameSegment
 from muzero_tune.replay.steps import STAT, ColumnStore, StepRows, column_signature, segment_columns
 
@@ -48,36 +49,6 @@ class SampledIndices:
     age_transitions: np.ndarray | None = None
 
 
-class _Growable:
-    """A 1-D numpy array with amortised append and O(1) drop-from-front (by offset)."""
-
-    def __init__(self, dtype):
-        self._a = np.zeros(1024, dtype=dtype)
-        self._lo = 0
-        self._hi = 0
-
-    def __len__(self) -> int:
-        return self._hi - self._lo
-
-    @property
-    def view(self) -> np.ndarray:
-        return self._a[self._lo : self._hi]
-
-    def extend(self, values: np.ndarray) -> None:
-        n = len(values)
-        if self._hi + n > len(self._a):
-            live = self.view.copy()
-            cap = max(2 * (len(live) + n), 1024)
-            self._a = np.zeros(cap, dtype=self._a.dtype)
-            self._a[: len(live)] = live
-            self._lo, self._hi = 0, len(live)
-        self._a[self._hi : self._hi + n] = values
-        self._hi += n
-
-    def drop_front(self, n: int) -> None:
-        self._lo += n
-
-
 class ReplayBuffer:
     """Prioritized replay over real transitions of game segments (see the module docstring)."""
 
@@ -94,22 +65,23 @@ class ReplayBuffer:
         self.alpha = alpha
         self.beta = beta
         self.segments: list[GameSegment] = []
-        self._seg_idx = _Growable(np.int64)  # [N] global segment index
-        self._pos = _Growable(np.int64)  # [N] position inside the segment
-        self._priority = _Growable(np.float64)  # [N]
+        self._seg_idx = Growable(np.int64)  # [N] global segment index
+        self._pos = Growable(np.int64)  # [N] position inside the segment
+        self._priority = Growable(np.float64)  # [N]
         # [N] priority ** alpha, kept in step with _priority (each element is the same pow either way, so
-        # sampling reads the same probabilities without an O(N) pow per sample)
-        self._pri_alpha = _Growable(np.float64)
+        # sampling reads the same probabilities without an O(N) pow per sample), with a sum tree over it so a
+        # draw is O(B log N) (replay/growable.SumTreeArray)
+        self._pri_alpha = SumTreeArray()
         self._frames = FrameDeduplicator()  # every frame stored once; segments hold FrameRefs
-        self._seg_min_frame = _Growable(np.int64)  # [num_segments] oldest frame id each segment uses
+        self._seg_min_frame = Growable(np.int64)  # [num_segments] oldest frame id each segment uses
         # per-step columns and frame ids of all segments (None until the first push; see _store_steps)
         self._steps: ColumnStore | None = None
         self._ids: ColumnStore | None = None
         self._flat = True  # False once a segment's columns did not fit the store: gather from segments
-        self._seg_step0 = _Growable(np.int64)  # [num_segments] global row of position 0 in _steps
-        self._seg_frame0 = _Growable(np.int64)  # [num_segments] global row of frames[0]'s id in _ids
-        self._seg_stored = _Growable(np.int64)  # [num_segments] M
-        self._seg_terminal = _Growable(np.bool_)  # [num_segments] terminal_at_end
+        self._seg_step0 = Growable(np.int64)  # [num_segments] global row of position 0 in _steps
+        self._seg_frame0 = Growable(np.int64)  # [num_segments] global row of frames[0]'s id in _ids
+        self._seg_stored = Growable(np.int64)  # [num_segments] M
+        self._seg_terminal = Growable(np.bool_)  # [num_segments] terminal_at_end
         self.base_idx = 0  # segments evicted so far
         self.clock = 0
         self.clear_time = 0
@@ -295,7 +267,7 @@ class ReplayBuffer:
             raise ValueError("priority write-back got a non-finite priority")
         idx = np.asarray(flat_index)
         self._priority.view[idx] = np.maximum(pri, 1e-8)
-        self._pri_alpha.view[idx] = self._priority.view[idx] ** self.alpha  # duplicates: the stored value
+        self._pri_alpha.assign(idx, self._priority.view[idx] ** self.alpha)  # duplicates: the stored value
         return len(pri)
 
     # ------------------------------------------------------------------ sampling
@@ -313,10 +285,19 @@ class ReplayBuffer:
         n = self.num_transitions
         if n == 0:
             raise ValueError("sample() from an empty replay buffer")
-        probs = self.probabilities()
-        flat = rng.choice(n, size=batch_size, replace=True, p=probs)
-        w = (n * probs[flat]) ** (-self.beta)
-        w = (w / w.max()).astype(np.float32)
+        # The draw consumes the generator as ``rng.choice(n, size, p=P)`` does (one uniform per sample) and
+        # picks the same transitions (the first whose cumulative probability exceeds the uniform), but finds
+        # them by a sum-tree descent, O(B log N), instead of choice's O(N) cumulative sum per call; the
+        # importance weights are computed from P(i) exactly as before.
+        uniform = rng.random(batch_size)  # [B] in [0, 1)
+        if self.use_priority:
+            p = self._pri_alpha.view
+            flat = self._pri_alpha.find(uniform)
+            w = (n * (p[flat] / p.sum())) ** (-self.beta)
+            w = (w / w.max()).astype(np.float32)
+        else:
+            flat = np.minimum((uniform * n).astype(np.int64), n - 1)
+            w = np.ones(batch_size, dtype=np.float32)  # (N * 1/N)^-beta, normalised
         seg_idx, pos = self.lookup(flat)
         segs = tuple(map(self.segments.__getitem__, (seg_idx - self.base_idx).tolist()))
         self.clock += 1
@@ -382,7 +363,7 @@ class ReplayBuffer:
         segs = [GameSegment(**s) for s in state["segments"]]
         self.push(segs)
         self._priority.view[:] = state["priorities"]
-        self._pri_alpha.view[:] = self._priority.view**self.alpha
+        self._pri_alpha.assign_all(self._priority.view**self.alpha)
         for k in ("clock", "clear_time", "pushed_transitions", "evicted_transitions", "pushed_segments"):
             setattr(self, k, int(state[k]))
         # global indices continue where they were so no stale write-back can alias a new transition
