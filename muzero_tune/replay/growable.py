@@ -3,8 +3,8 @@
 :class:`Growable` is a plain numpy array with a live window ``[lo, hi)``; :class:`SumTreeArray` is one of
 float64 that also keeps a sum tree over its storage, so a prioritized draw finds its transitions in
 O(B log N) instead of the O(N) cumulative sum a ``rng.choice(n, p=...)`` call pays on every sample
-(10.5 ms per draw of 256 at N = 1M on this machine's CPU, against a Pong learner step of tens of ms on a
-GPU). The tree's kernels are in :mod:`muzero_tune.replay.sum_tree`.
+(8.7 against 0.49 ms for a draw of 256 at N = 1M on the 2-core development machine,
+``scripts/bench_replay_sample.py``). The tree's kernels are in :mod:`muzero_tune.replay.sum_tree`.
 """
 
 from __future__ import annotations
@@ -90,14 +90,10 @@ class SumTreeArray(Growable):
         self.view[:] = values
         sum_tree.build(self._tree, self._a)
 
-    @property
-    def total(self) -> float:
-        """The tree's sum of the live weights (its own pairwise order, not numpy's ``view.sum()``)."""
-        return float(self._tree[1])
-
     def find(self, uniform: np.ndarray) -> np.ndarray:
         """For each ``u`` in ``uniform`` [B] (in [0, 1)): the first live index whose inclusive prefix sum of
-        weights exceeds ``u * total`` -- what ``searchsorted(cumsum(w) / sum(w), u, side="right")`` gives,
-        in O(log N) each. Returns [B] int64 indices into :attr:`view`."""
+        weights exceeds ``u`` times their total (the tree's root), which is what
+        ``searchsorted(cumsum(w) / sum(w), u, side="right")`` gives, in O(log N) each. Returns [B] int64
+        indices into :attr:`view`."""
         out = sum_tree.find(self._tree, np.asarray(uniform, dtype=np.float64) * self._tree[1])
         return np.clip(out - self._lo, 0, len(self) - 1)

@@ -64,8 +64,8 @@ def zero_range(tree: np.ndarray, lo: int, hi: int) -> None:
 @numba.njit(cache=True)
 def find(tree: np.ndarray, targets: np.ndarray) -> np.ndarray:
     """For each target in ``targets`` [B] (in [0, total)): the first leaf whose inclusive prefix sum
-    exceeds it. Returns [B] int64 leaf indices; a target at or past the total (rounding) ends at the last
-    non-empty leaf's right, which the caller clips."""
+    exceeds it. Returns [B] int64 leaf indices. A target that rounding puts at the total ends on an empty
+    leaf past the last non-empty one, which the caller clips back to it."""
     cap = tree.size // 2
     out = np.empty(targets.size, dtype=np.int64)
     for b in range(targets.size):
