@@ -57,8 +57,9 @@ class DriverProbe(list):
     """A ``driver_out`` list that instruments the driver appended to it.
 
     It records every collect result (actor id, version, digest, env steps, transitions) and every eval
-    result the driver handles, and pings every actor incarnation right after it is spawned, so the pids of
-    restarted actors are known too.
+    result the driver handles, and pings every actor incarnation: those spawned while the driver was built
+    when it is appended, the others right after they are spawned, so the pids of restarted actors are known
+    too.
     """
 
     def __init__(self):
@@ -90,6 +91,8 @@ class DriverProbe(list):
             self.pings.append(slot.handle.ping.remote())
 
         driver._on_collect, driver._on_eval, driver._spawn = _on_collect, _on_eval, _spawn
+        # the actors the driver created while it was being built (its collectors boot beside its learner)
+        self.pings += [s.handle.ping.remote() for s in driver.collectors + driver.evaluators if s.handle]
 
     @property
     def driver(self):

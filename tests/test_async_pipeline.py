@@ -267,6 +267,64 @@ def test_shutdown_timeout_s_bounds_closing_hung_actors(ray_cluster, tmp_path, al
     assert not alive_after(pids)
 
 
+def test_collectors_boot_beside_the_learner_and_evaluators_while_it_trains(ray_cluster, tmp_path,
+                                                                          async_config):
+    """Start-up: the collectors are created before the learner is built, the evaluators after it; without
+    eval_at_start only the collectors' pings are awaited, no evaluation goes to an evaluator still booting,
+    and one does once it has answered."""
+    from muzero_tune.pipeline.async_driver import AsyncDriver
+    from muzero_tune.pipeline.placement import standalone_placement
+
+    cfg = async_config(tmp_path, {AP + "eval_at_start": False, AP + "num_collector_actors": 2})
+    placement = standalone_placement(cfg, learner_on_gpu=False, timeout_s=30)
+    d = AsyncDriver(cfg, MemoryReporter(), placement=placement)
+    try:
+        assert all(s.handle is not None for s in d.collectors)
+        assert all(s.handle is None for s in d.evaluators)
+        d.start_actors()
+        assert [a["kind"] for a in d.actor_info] == ["collector", "collector"]
+        assert [s.index for s in d._starting.values()] == [0]  # the evaluator, booting
+        d._maybe_launch_eval(force=True)
+        assert not d.evals
+        d._check_started(timeout=60)
+        assert not d._starting
+        assert sorted(a["kind"] for a in d.actor_info) == ["collector", "collector", "evaluator"]
+        d._maybe_launch_eval(force=True)
+        assert len(d.evals) == 1
+    finally:
+        d.shutdown()
+    assert _pg_state(ray_cluster, placement.placement_group) == "REMOVED"
+
+
+def test_a_learner_that_fails_to_build_takes_its_booting_collectors_down(monkeypatch, ray_cluster, tmp_path,
+                                                                          async_config):
+    """The collectors start before the learner is built: when that build raises, the error reaches the
+    caller and the collectors and the run's placement group are gone."""
+    from muzero_tune.pipeline import async_driver
+
+    spawned = []
+    spawn = async_driver.AsyncDriver._spawn
+
+    def recording_spawn(self, slot):
+        spawn(self, slot)
+        spawned.append(slot.handle)
+
+    def broken_core(*args, **kwargs):
+        raise RuntimeError("the learner could not be built")
+
+    monkeypatch.setattr(async_driver.AsyncDriver, "_spawn", recording_spawn)
+    monkeypatch.setattr(async_driver, "DriverCore", broken_core)
+    before = set(ray_cluster.util.placement_group_table())
+    with pytest.raises(RuntimeError, match="the learner could not be built"):
+        async_driver.train_muzero_segment_async(async_config(tmp_path, {}), reporter=MemoryReporter())
+    groups = {k: v for k, v in ray_cluster.util.placement_group_table().items() if k not in before}
+    assert len(groups) == 1 and all(g["state"] == "REMOVED" for g in groups.values())
+    assert spawned  # the collectors had been created
+    for handle in spawned:
+        with pytest.raises(ray_cluster.exceptions.RayActorError):
+            ray_cluster.get(handle.ping.remote(), timeout=30)
+
+
 def test_ray_local_mode_runs_actors_in_the_driver_process(tmp_path, async_small):
     overrides = {**async_small, "max_env_step": 200, "logging.output_dir": str(tmp_path),
                  AP + "ray_local_mode": True}

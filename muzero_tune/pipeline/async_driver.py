@@ -25,13 +25,14 @@ from typing import Any
 
 import numpy as np
 
-from muzero_tune.config import ExperimentConfig, resolved_async, validate
+from muzero_tune.config import ExperimentConfig, resolved_async, to_flat_dict, validate
 from muzero_tune.envs.faults import FaultSpec
 from muzero_tune.pipeline import schedule
 from muzero_tune.pipeline.actors import CollectorWorker, EvaluatorWorker
 from muzero_tune.pipeline.checkpoint import load_checkpoint
 from muzero_tune.pipeline.collector import visit_temperature
 from muzero_tune.pipeline.core import DriverCore, RunSummary, check_policy_env, setup_torch_threads
+from muzero_tune.pipeline.learner import resolve_device
 from muzero_tune.pipeline.messages import (
     CollectResult,
     EvalResult,
@@ -133,7 +134,7 @@ class AsyncDriver:
         self.cfg = cfg
         self.ap = resolved_async(cfg.policy.async_pipeline)
         self.ray = LocalRay() if self.ap.ray_local_mode else ray
-        self.core = DriverCore(cfg, reporter)
+        self.flat_config = to_flat_dict(cfg)
         self.fault = fault
         self.stats = AsyncStats()
         self.placement = placement
@@ -157,6 +158,22 @@ class AsyncDriver:
         }
         self.collectors = [_Slot("collector", i, 0) for i in range(self.ap.num_collector_actors)]
         self.evaluators = [_Slot("evaluator", j, 0) for j in range(self.ap.num_evaluator_actors)]
+        self.actor_info: list[dict] = []  # ping answers: the collectors, then each evaluator once started
+        # evaluators still booting (ping ref -> slot) and the time by which they must have answered
+        self._starting: dict[Any, _Slot] = {}
+        self._start_deadline = 0.0
+        if placement is not None:
+            # The collectors need only the config: created now, they boot (a process importing torch, ~2.2 s
+            # on 2 cores) while the learner is built below (~1.2 s, most of it torch.optim's first use
+            # importing torch._dynamo), so the first collect, which training waits for, comes that much
+            # sooner. The evaluators are created after it (start_actors): on two cores a third booting
+            # process would slow the collectors by about what this saves.
+            self.spawn_actors(self.collectors)
+        try:
+            self.core = DriverCore(cfg, reporter)
+        except BaseException:
+            self.shutdown()
+            raise
 
     # ------------------------------------------------------------------ actors
 
@@ -179,36 +196,62 @@ class AsyncDriver:
         slot.handle = (
             self._remote[slot.kind]
             .options(**opts)
-            .remote(self.core.flat_config, slot.index, slot.incarnation, self.fault, gpus)
+            .remote(self.flat_config, slot.index, slot.incarnation, self.fault, gpus)
         )
 
+    def spawn_actors(self, slots: list[_Slot] | None = None) -> None:
+        """Create an actor for each of ``slots`` (default: every slot) that has none yet; creation returns at
+        once and each actor boots on its own."""
+        for s in self.collectors + self.evaluators if slots is None else slots:
+            if s.handle is None:
+                self._spawn(s)
+
     def start_actors(self, *, before_wait: Callable[[], None] | None = None) -> None:
-        """Create every actor and wait (up to ``actor_start_timeout_s``) until each answers a ping.
+        """Create every actor not created yet and wait (up to ``actor_start_timeout_s``) until the collectors
+        answer a ping; the evaluators too with ``eval_at_start``, else they finish booting while training
+        runs (:meth:`_check_started`; an evaluation is first due ``eval.eval_freq`` train steps in).
 
         ``before_wait`` runs once the actors are created and before the wait: the run's first launches go
         there, so Ray queues each collector's first collect behind its constructor and it starts the moment
         that actor is up, not after every actor has started (measured on CartPole: ~2.7 s to start a
         collector and an evaluator on 2 cores, the bulk of the async pipeline's start-up). Those launches'
         clocks (timeouts, busy time) restart when the wait ends: an actor's start-up is not its work."""
-        slots = self.collectors + self.evaluators
-        for s in slots:
-            self._spawn(s)
-        pings = [s.handle.ping.remote() for s in slots]
+        self.spawn_actors()
+        booting = [] if self.ap.eval_at_start else self.evaluators
+        pings = [s.handle.ping.remote() for s in self.collectors + self.evaluators if s not in booting]
+        self._starting = {s.handle.ping.remote(): s for s in booting}
+        self._start_deadline = time.monotonic() + self.ap.actor_start_timeout_s
         if before_wait is not None:
             before_wait()
         ready, _ = self.ray.wait(pings, num_returns=len(pings), timeout=self.ap.actor_start_timeout_s)
         if len(ready) < len(pings):
-            from muzero_tune.pipeline.placement import bundles
-
-            raise RuntimeError(
-                f"only {len(ready)} of {len(pings)} actors started within "
-                f"{self.ap.actor_start_timeout_s:g} s (policy.async_pipeline.actor_start_timeout_s); "
-                f"resources: {describe_shortfall(bundles(self.cfg))}"
-            )
+            self._raise_not_started(len(ready), len(pings))
         self.actor_info = self.ray.get(pings)  # in slot order: collectors, then evaluators
         now = time.monotonic()
         for launch in (*self.collects.values(), *self.evals.values()):
             launch.t_launch = now
+
+    def _check_started(self, timeout: float = 0.0) -> None:
+        """Take the pings of the evaluators still booting that have answered (waiting up to ``timeout``);
+        raise as :meth:`start_actors` does when one has not answered by its deadline or failed to start."""
+        if not self._starting:
+            return
+        ready, _ = self.ray.wait(list(self._starting), num_returns=len(self._starting), timeout=timeout)
+        for ref in ready:
+            self._starting.pop(ref)
+            self.actor_info.append(self.ray.get(ref))  # raises if its constructor did
+        if self._starting and time.monotonic() >= self._start_deadline:
+            n = len(self.collectors) + len(self.evaluators)
+            self._raise_not_started(n - len(self._starting), n)
+
+    def _raise_not_started(self, started: int, total: int) -> None:
+        from muzero_tune.pipeline.placement import bundles
+
+        raise RuntimeError(
+            f"only {started} of {total} actors started within "
+            f"{self.ap.actor_start_timeout_s:g} s (policy.async_pipeline.actor_start_timeout_s); "
+            f"resources: {describe_shortfall(bundles(self.cfg))}"
+        )
 
     def _restart(self, slot: _Slot, why: str) -> None:
         """Replace a failed or hung actor and count it; raise once its restarts are exhausted."""
@@ -301,8 +344,9 @@ class AsyncDriver:
         if not due:
             return
         busy = {launch.slot.index for launch in self.evals.values()}
+        busy |= {s.index for s in self._starting.values()}  # still booting
         free = [s for s in self.evaluators if s.index not in busy]
-        if not free:
+        if not free:  # due again next pass: it launches once an evaluator is free (or has started)
             return
         slot = free[self._rr_eval % len(free)]
         self._rr_eval += 1
@@ -414,6 +458,7 @@ class AsyncDriver:
         self._handle([r for r in ready if r in self.collects], self.collects, self._on_collect)
         self._handle([r for r in ready if r in self.evals], self.evals, self._on_eval)
         self._check_timeouts()
+        self._check_started()
 
     def _wait_any(self, timeout: float) -> None:
         t0 = time.monotonic()
@@ -541,6 +586,7 @@ class AsyncDriver:
             and self.core.counters.last_eval_iter != self.core.train_iter
         ):
             self.last_eval_launch = None
+            self._check_started(timeout=max(0.0, self._start_deadline - time.monotonic()))
             self._maybe_launch_eval(force=True)
             # its own timeout: a hung evaluation above (and its restart) may have used up the first one
             self._drain_evals()
@@ -589,18 +635,25 @@ def train_muzero_segment_async(
     if not local:
         ensure_ray(cfg)
     reporter = reporter or default_reporter(cfg, resume_from=resume_from)
-    placement = local_placement(cfg) if local else current_placement(cfg)
-    driver = AsyncDriver(cfg, reporter, fault=fault)
-    if driver_out is not None:
-        driver_out.append(driver)
+    placement = None
     try:
+        placement = local_placement(cfg) if local else current_placement(cfg)
         if placement is None:
             placement = standalone_placement(
                 cfg,
-                learner_on_gpu=driver.core.learner.device.type == "cuda",
-                timeout_s=driver.ap.actor_start_timeout_s,
+                learner_on_gpu=resolve_device(cfg.learn.device).type == "cuda",
+                timeout_s=resolved_async(cfg.policy.async_pipeline).actor_start_timeout_s,
             )
-        driver.placement = placement
+        # its collectors boot while it builds the learner; if that fails, it shuts them down itself
+        driver = AsyncDriver(cfg, reporter, placement=placement, fault=fault)
+    except BaseException:
+        if placement is not None:
+            placement.remove()  # ours only, and only once (the driver's shutdown may have removed it)
+        reporter.close()
+        raise
+    if driver_out is not None:
+        driver_out.append(driver)
+    try:
         if resume_from is not None:
             ckpt = load_checkpoint(resume_from) if isinstance(resume_from, str) else resume_from
             driver.core.load_resume_state(ckpt["resume"])

@@ -60,6 +60,7 @@ class ActorPlacement:
     num_collectors: int
     num_evaluators: int
     owned: bool  # created by us (removed at shutdown) rather than Tune's
+    removed: bool = False  # remove() has run
 
     def collector_bundle(self, i: int) -> int:
         return 1 + i
@@ -81,9 +82,11 @@ class ActorPlacement:
         }
 
     def remove(self) -> None:
-        if self.owned:
+        """Remove the group if it is ours (Tune removes a trial's), once: later calls do nothing."""
+        if self.owned and not self.removed:
             from ray.util import remove_placement_group
 
+            self.removed = True
             remove_placement_group(self.placement_group)
 
 
