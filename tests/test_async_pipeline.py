@@ -270,8 +270,8 @@ def test_shutdown_timeout_s_bounds_closing_hung_actors(ray_cluster, tmp_path, al
 def test_collectors_boot_beside_the_learner_and_evaluators_while_it_trains(ray_cluster, tmp_path,
                                                                           async_config):
     """Start-up: the collectors are created before the learner is built, the evaluators after it; without
-    eval_at_start only the collectors' pings are awaited, no evaluation goes to an evaluator still booting,
-    and one does once it has answered."""
+    eval_at_start only the collectors' pings are awaited; an evaluation due meanwhile is queued behind the
+    evaluator's constructor, and its clock (busy time, eval_timeout_s) starts when the evaluator answers."""
     from muzero_tune.pipeline.async_driver import AsyncDriver
     from muzero_tune.pipeline.placement import standalone_placement
 
@@ -285,12 +285,14 @@ def test_collectors_boot_beside_the_learner_and_evaluators_while_it_trains(ray_c
         assert [a["kind"] for a in d.actor_info] == ["collector", "collector"]
         assert [s.index for s in d._starting.values()] == [0]  # the evaluator, booting
         d._maybe_launch_eval(force=True)
-        assert not d.evals
+        (launch,) = d.evals.values()
+        launched_at = launch.t_launch
         d._check_started(timeout=60)
         assert not d._starting
         assert sorted(a["kind"] for a in d.actor_info) == ["collector", "collector", "evaluator"]
-        d._maybe_launch_eval(force=True)
-        assert len(d.evals) == 1
+        assert launch.t_launch > launched_at  # its clock restarted when the evaluator was up
+        (ref,) = d.evals
+        assert ray_cluster.get(ref, timeout=120).policy_version == 0  # and it evaluated
     finally:
         d.shutdown()
     assert _pg_state(ray_cluster, placement.placement_group) == "REMOVED"

@@ -232,14 +232,20 @@ class AsyncDriver:
             launch.t_launch = now
 
     def _check_started(self, timeout: float = 0.0) -> None:
-        """Take the pings of the evaluators still booting that have answered (waiting up to ``timeout``);
-        raise as :meth:`start_actors` does when one has not answered by its deadline or failed to start."""
+        """Take the pings of the evaluators still booting that have answered (waiting up to ``timeout``) and
+        start the clocks of the evaluations already queued behind their constructors (an actor's start-up is
+        not its work); raise as :meth:`start_actors` does when one has not answered by its deadline or failed
+        to start."""
         if not self._starting:
             return
         ready, _ = self.ray.wait(list(self._starting), num_returns=len(self._starting), timeout=timeout)
+        now = time.monotonic()
         for ref in ready:
-            self._starting.pop(ref)
+            slot = self._starting.pop(ref)
             self.actor_info.append(self.ray.get(ref))  # raises if its constructor did
+            for launch in self.evals.values():
+                if launch.slot is slot:
+                    launch.t_launch = now
         if self._starting and time.monotonic() >= self._start_deadline:
             n = len(self.collectors) + len(self.evaluators)
             self._raise_not_started(n - len(self._starting), n)
@@ -257,6 +263,8 @@ class AsyncDriver:
         """Replace a failed or hung actor and count it; raise once its restarts are exhausted."""
         st = self.stats
         st.restart_reasons.append(f"{slot.kind} {slot.index}: {why}")
+        # an evaluator that failed while booting: its replacement's start is awaited below, not its ping
+        self._starting = {ref: s for ref, s in self._starting.items() if s is not slot}
         if slot.kind == "collector":
             st.collector_failures += 1
         else:
@@ -344,9 +352,8 @@ class AsyncDriver:
         if not due:
             return
         busy = {launch.slot.index for launch in self.evals.values()}
-        busy |= {s.index for s in self._starting.values()}  # still booting
         free = [s for s in self.evaluators if s.index not in busy]
-        if not free:  # due again next pass: it launches once an evaluator is free (or has started)
+        if not free:
             return
         slot = free[self._rr_eval % len(free)]
         self._rr_eval += 1
@@ -433,12 +440,13 @@ class AsyncDriver:
 
     def _check_timeouts(self) -> None:
         now = time.monotonic()
+        booting = list(self._starting.values())  # their launches' clocks have not started
         for table, limit in (
             (self.collects, self.ap.collect_timeout_s),
             (self.evals, self.ap.eval_timeout_s),
         ):
             for ref, launch in list(table.items()):
-                if now - launch.t_launch > limit:
+                if now - launch.t_launch > limit and not any(launch.slot is b for b in booting):
                     if self.ray.wait([ref], timeout=0)[0]:  # finished meanwhile: handled next pass
                         continue
                     table.pop(ref)
@@ -586,7 +594,6 @@ class AsyncDriver:
             and self.core.counters.last_eval_iter != self.core.train_iter
         ):
             self.last_eval_launch = None
-            self._check_started(timeout=max(0.0, self._start_deadline - time.monotonic()))
             self._maybe_launch_eval(force=True)
             # its own timeout: a hung evaluation above (and its restart) may have used up the first one
             self._drain_evals()
