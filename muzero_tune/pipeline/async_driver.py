@@ -209,7 +209,8 @@ class AsyncDriver:
     def start_actors(self, *, before_wait: Callable[[], None] | None = None) -> None:
         """Create every actor not created yet and wait (up to ``actor_start_timeout_s``) until the collectors
         answer a ping; the evaluators too with ``eval_at_start``, else they finish booting while training
-        runs (:meth:`_check_started`; an evaluation is first due ``eval.eval_freq`` train steps in).
+        runs (:meth:`_check_started`; an evaluation due before then waits behind the constructor, its clock
+        starting when the evaluator answers).
 
         ``before_wait`` runs once the actors are created and before the wait: the run's first launches go
         there, so Ray queues each collector's first collect behind its constructor and it starts the moment
