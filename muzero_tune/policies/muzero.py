@@ -293,13 +293,6 @@ class MuZeroPolicy(Policy):
         sampled types: each step's sampled actions) overrides it."""
         return soft_cross_entropy(policy_logits, target)
 
-    def policy_cross_entropy(
-        self, policy_logits: torch.Tensor, batch: TrainBatch, k: int, target: torch.Tensor
-    ) -> torch.Tensor:
-        """[B] cross-entropy of the policy ``policy_logits`` [B, P] at unroll step k against its target
-        ``target`` [B, A] (= ``batch.target_policy[:, k]``; a sampled type's is over its K slots)."""
-        return soft_cross_entropy(policy_logits, target)
-
     def policy_entropy(self, policy_logits: torch.Tensor) -> torch.Tensor:
         """[B] entropy of the policy that ``policy_logits`` [B, P] describe (``train/policy_entropy``)."""
         probs = F.softmax(policy_logits.float(), dim=-1)
