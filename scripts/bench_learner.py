@@ -4,10 +4,16 @@ against a bare forward+backward of the same network on the same shapes, measured
     python scripts/bench_learner.py                      # CartPole MuZero, batch 256, K=5, MLP
     python scripts/bench_learner.py --preset pong_muzero --set learn.batch_size=32 --steps 5
     python scripts/bench_learner.py --clock cpu          # this process's CPU time (steadier when shared)
+    python scripts/bench_learner.py --preset pong_muzero --set learn.batch_size=32 --flops   # + FLOP bounds
 
 ``--clock cpu`` counts the CPU seconds this process spent (``time.process_time``): with one torch thread the
 work is the same, and the waits for a core that other processes hold are left out, so the ratios move far
 less with the machine's load than wall-time ones do.
+
+``--flops`` also counts the floating-point work of one step (``torch.utils.flop_counter``: matmuls and
+convolutions, forward and backward) and prints the efficiency that work alone allows, whatever the code
+around it: the bare step's FLOPs over the loss step's (SSL targets included) on the loss's thread, and over
+half of loss + bootstrap forward with both cores' work perfectly shared.
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=10, help="timed steps per variant per round")
     p.add_argument("--rounds", type=int, default=15, help="interleaved rounds (side by side)")
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="wall time or this process's CPU")
+    p.add_argument("--flops", action="store_true", help="also count FLOPs; print the bounds")
     args = p.parse_args(argv)
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     setup_torch_threads()
@@ -169,6 +176,33 @@ def main(argv: list[str] | None = None) -> None:
     if "bare_fp32" in med:
         print(f"  against the fp32 bare step (bare fp32 / full): {ratio('bare_fp32', 'full')}")
     print(f"  learner efficiency without data (fixed-batch loss step / full): {ratio('fixed', 'full')}")
+    if args.flops:
+        gf = {
+            "bare": count_flops(lambda: bare_step(model, opt, obs, actions, k, amp)),
+            "loss": count_flops(fixed_step),
+            "bootstrap": count_flops(lambda: core.learner.in_precision(deferred.bootstrap.values)),
+        }
+        print_flop_bounds(gf, len(deferred.bootstrap.obs))
+
+
+def count_flops(fn) -> float:
+    """GFLOPs of one call of ``fn`` (matmuls and convolutions, forward and backward; torch's counter)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return counter.get_total_flops() / 1e9
+
+
+def print_flop_bounds(gf: dict[str, float], n_bootstrap: int) -> None:
+    """The learner efficiency the arithmetic alone allows. ``gf``: GFLOPs of the bare step, the policy's loss
+    step (forward with its SSL targets, backward) and the bootstrap forward (``n_bootstrap`` positions)."""
+    bare, loss, boot = gf["bare"], gf["loss"], gf["bootstrap"]
+    print(f"  GFLOP per step: bare {bare:.2f}, loss step {loss:.2f}, bootstrap forward {boot:.2f} "
+          f"({n_bootstrap} positions)")  # fmt: skip
+    print(f"  FLOP bound, loss on one thread, bootstrap beside it (bare / loss): {bare / loss:.2f}")
+    print(f"  FLOP bound, all of it shared perfectly over 2 cores (bare / ((loss + bootstrap) / 2)): "
+          f"{bare / ((loss + boot) / 2):.2f}")  # fmt: skip
 
 
 if __name__ == "__main__":
