@@ -6,7 +6,9 @@ from __future__ import annotations
 import copy
 import dataclasses
 import io
+import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -16,7 +18,13 @@ from muzero_tune.config import ConfigWarning, make_config
 from muzero_tune.envs.spec import EnvSpec
 from muzero_tune.models import build_network, logits_to_scalar
 from muzero_tune.models.layout import place_model
-from muzero_tune.pipeline.learner import Learner, clip_grad_norm, cpu_has_native_bf16, lr_factor
+from muzero_tune.pipeline.learner import (
+    Learner,
+    clip_grad_norm,
+    cpu_has_native_bf16,
+    lr_factor,
+    torch_thread_pool,
+)
 from muzero_tune.policies.muzero import MuZeroPolicy
 from muzero_tune.replay.buffer import ReplayBuffer
 from muzero_tune.replay.segment import GameSegment
@@ -470,6 +478,43 @@ def test_overlapped_bootstrap_is_bit_identical_to_the_serial_step():
     me = threading.get_ident()
     assert len(threads_on) == len(threads_off) == 7
     assert all(t != me for t in threads_on) and all(t == me for t in threads_off)
+
+
+def _os_threads_started_by(pool: ThreadPoolExecutor, fn) -> set[str]:
+    """OS threads of this process that running ``fn`` on ``pool``'s thread started, that thread left out."""
+    before = set(os.listdir("/proc/self/task"))
+
+    def run():
+        fn()
+        return str(threading.get_native_id())
+
+    pool_thread = pool.submit(run).result()
+    pool.shutdown()
+    return set(os.listdir("/proc/self/task")) - before - {pool_thread}
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads through Linux's /proc")
+def test_the_learner_helper_thread_runs_torch_on_the_callers_thread_count():
+    """``torch.set_num_threads(1)`` holds for the thread that called it; a thread started later runs a matmul
+    on a team of OpenMP's default size (its own worker threads, one per core) beside the caller's work. The
+    learner's helper pool sets the caller's count first, so its forwards start no threads."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        a, b = torch.randn(256, 512), torch.randn(512, 384)
+
+        def matmuls():
+            for _ in range(5):
+                torch.mm(a, b)
+
+        if (os.cpu_count() or 1) > 1:  # the defect this guards against shows where there is a second core
+            assert _os_threads_started_by(ThreadPoolExecutor(max_workers=1), matmuls)
+        assert _os_threads_started_by(torch_thread_pool("test-helper"), matmuls) == set()
+        cfg = small_cfg(**{"learn.overlap_bootstrap": True})
+        learner = Learner(cfg, MuZeroPolicy(cfg, SPEC))
+        assert _os_threads_started_by(learner.bootstrap_helper, matmuls) == set()
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_a_failing_overlapped_bootstrap_fails_the_step():

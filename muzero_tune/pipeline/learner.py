@@ -69,6 +69,24 @@ def autocast_dtype(device: torch.device) -> torch.dtype | None:
     return None
 
 
+def torch_thread_pool(name: str) -> ThreadPoolExecutor:
+    """A one-thread pool whose thread runs torch's CPU ops with the creating thread's intra-op thread count.
+
+    ``torch.set_num_threads`` (one per process here, :func:`~muzero_tune.pipeline.core.setup_torch_threads`)
+    sets OpenMP's count for the calling thread only: OpenMP keeps it per thread, and a thread started later
+    runs its ops on a team of OpenMP's default size, one thread per core, although ``torch.get_num_threads()``
+    still reports the caller's count there. A helper thread left so would run its forward on every core, beside
+    the caller's own work (on the 2-core machine a matmul loop on such a thread used 1.9 cores, and one on the
+    main thread beside it ran 1.8x slower; ``scripts/bench_cores.py``). The pool's thread sets the count
+    first."""
+    return ThreadPoolExecutor(
+        max_workers=1,
+        thread_name_prefix=name,
+        initializer=torch.set_num_threads,
+        initargs=(torch.get_num_threads(),),
+    )
+
+
 def lr_factor(lc: LearnConfig, step: int) -> float:
     """Multiplier of the initial learning rate at train step ``step``."""
     if lc.lr_schedule == "piecewise":
@@ -189,11 +207,7 @@ class Learner:
         self._scaler = torch.amp.GradScaler("cuda", enabled=self.autocast_dtype == torch.float16)
         # learn.overlap_bootstrap: one helper thread for the target network's bootstrap forward (None: the
         # forward runs first, on the caller's thread)
-        self.bootstrap_helper = (
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix="learner-bootstrap")
-            if lc.overlap_bootstrap
-            else None
-        )
+        self.bootstrap_helper = torch_thread_pool("learner-bootstrap") if lc.overlap_bootstrap else None
 
     def train_step(self, batch: TrainBatch) -> LearnOutput:
         """One optimizer step on ``batch`` (its deferred bootstrap values first, with the target network as
