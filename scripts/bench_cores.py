@@ -19,11 +19,12 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
-import threading
 import time
 
 import numpy as np
 import torch
+
+from muzero_tune.pipeline.learner import torch_thread_pool
 
 
 def matmul_loop(a: torch.Tensor, b: torch.Tensor, seconds: float) -> int:
@@ -67,15 +68,12 @@ def main(argv: list[str] | None = None) -> None:
         return timed_loop(a, b, args.reps)
 
     def with_thread() -> float:
-        def neighbour():
-            torch.set_num_threads(torch.get_num_threads())  # this thread's OpenMP count, as the caller's
-            matmul_loop(a.clone(), b.clone(), busy_s)
-
-        t = threading.Thread(target=neighbour)
-        t.start()
+        pool = torch_thread_pool("neighbour")  # the learner's helper thread, as the learner makes it
+        neighbour = pool.submit(matmul_loop, a.clone(), b.clone(), busy_s)
         time.sleep(0.05)  # the neighbour is running before the timing starts
         out = timed_loop(a, b, args.reps)
-        t.join()
+        neighbour.result()
+        pool.shutdown()
         return out
 
     ctx = mp.get_context("spawn")

@@ -75,10 +75,10 @@ def torch_thread_pool(name: str) -> ThreadPoolExecutor:
     ``torch.set_num_threads`` (one per process here, :func:`~muzero_tune.pipeline.core.setup_torch_threads`)
     sets OpenMP's count for the calling thread only: OpenMP keeps it per thread, and a thread started later
     runs its ops on a team of OpenMP's default size, one thread per core, although ``torch.get_num_threads()``
-    still reports the caller's count there. A helper thread left so would run its forward on every core, beside
-    the caller's own work (on the 2-core machine a matmul loop on such a thread used 1.9 cores, and one on the
-    main thread beside it ran 1.8x slower; ``scripts/bench_cores.py``). The pool's thread sets the count
-    first."""
+    still reports the caller's count there. A helper thread left so would run its forward on every core,
+    beside the caller's own work (on the 2-core machine a matmul loop on such a thread used 1.9 cores and
+    started an extra OS thread, and the same loop on the main thread beside it ran 1.6-2.0x slower). The
+    pool's thread sets the count first."""
     return ThreadPoolExecutor(
         max_workers=1,
         thread_name_prefix=name,
