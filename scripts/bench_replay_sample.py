@@ -3,7 +3,7 @@ sum tree replaced (numpy's ``rng.choice(n, p=P)``, which builds a cumulative sum
 
 Fills a replay buffer with N real transitions (tiny frames; only the flat index and priorities matter here)
 and random priorities, then times, in interleaved rounds: ``buffer.sample`` (sum-tree draw, importance
-weights, lookups), the draw as it was (``probabilities()`` + ``rng.choice`` + the same weights), and
+weights, lookups), the draw as it was (``buffer.choice_draw``: ``rng.choice`` and the same weights), and
 ``update_priorities`` of a batch. Both draws pick the same transitions (``tests/test_buffer.py``).
 
     python scripts/bench_replay_sample.py                       # N = 1k, 30k, 300k, 1M; batch 256
@@ -38,15 +38,6 @@ def filled_buffer(n: int, rng: np.random.Generator) -> ReplayBuffer:
     return buf
 
 
-def choice_draw(buf: ReplayBuffer, batch: int, rng: np.random.Generator) -> np.ndarray:
-    """The draw before the sum tree: O(N) per call."""
-    n = buf.num_transitions
-    probs = buf.probabilities()
-    flat = rng.choice(n, size=batch, replace=True, p=probs)
-    w = (n * probs[flat]) ** (-buf.beta)
-    return flat, (w / w.max()).astype(np.float32)
-
-
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", type=int, nargs="+", default=[1_000, 30_000, 300_000, 1_000_000])
@@ -69,7 +60,7 @@ def time_size(n: int, batch: int, rounds: int, calls: int, rng: np.random.Genera
     pri = rng.random(batch) * 2.0
     variants = {
         "tree": lambda: buf.sample(batch, rng),
-        "choice": lambda: choice_draw(buf, batch, rng),
+        "choice": lambda: buf.choice_draw(batch, rng),
         "write": lambda: buf.update_priorities(s.flat_index, pri, buf.clock),
     }
     times: dict[str, list[float]] = {k: [] for k in variants}

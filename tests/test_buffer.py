@@ -330,15 +330,6 @@ def test_cached_priority_powers_give_exactly_the_probabilities_of_the_priorities
     assert other.probabilities().tobytes() == fresh(buf).tobytes()
 
 
-def _choice_reference(buf: ReplayBuffer, batch: int, rng: np.random.Generator):
-    """What ``sample`` drew before its sum tree: numpy's O(N) ``choice`` and the same weights formula."""
-    n = buf.num_transitions
-    probs = buf.probabilities()
-    flat = rng.choice(n, size=batch, replace=True, p=probs)
-    w = (n * probs[flat]) ** (-buf.beta)
-    return flat, (w / w.max()).astype(np.float32)
-
-
 def _check_tree(arr) -> None:
     """Every inner node is exactly the sum of its children; leaves outside the live window are 0."""
     tree, cap = arr._tree, arr._tree.size // 2
@@ -360,7 +351,7 @@ def test_sum_tree_draw_is_numpy_choice_through_push_evict_writeback_growth_and_r
         buf.push([make_segment(uid, int(rng.integers(1, 20)), priorities=None if uid % 3 == 0 else
                                rng.random(20) * 10.0 ** rng.integers(-3, 3))])  # fmt: skip
         seed = int(rng.integers(1 << 30))
-        expect_flat, expect_w = _choice_reference(buf, 64, np.random.default_rng(seed))
+        expect_flat, expect_w = buf.choice_draw(64, np.random.default_rng(seed))
         drawn = np.random.default_rng(seed)
         s = buf.sample(64, drawn)
         np.testing.assert_array_equal(s.flat_index, expect_flat)
@@ -379,5 +370,5 @@ def test_sum_tree_draw_is_numpy_choice_through_push_evict_writeback_growth_and_r
     for seed in range(20):
         np.testing.assert_array_equal(
             other.sample(256, np.random.default_rng(seed)).flat_index,
-            _choice_reference(buf, 256, np.random.default_rng(seed))[0],
+            buf.choice_draw(256, np.random.default_rng(seed))[0],
         )

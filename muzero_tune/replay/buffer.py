@@ -280,6 +280,16 @@ class ReplayBuffer:
         p = self._pri_alpha.view
         return p / p.sum()
 
+    def choice_draw(self, batch_size: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """The draw :meth:`sample` makes, as numpy's O(N) ``rng.choice(n, p=P)`` defines it: flat indices [B]
+        int64 and importance weights [B] float32. The definition the sum tree's draw must agree with
+        (``tests/test_buffer.py``) and what it replaced (``scripts/bench_replay_sample.py``)."""
+        n = self.num_transitions
+        probs = self.probabilities()
+        flat = rng.choice(n, size=batch_size, replace=True, p=probs)
+        w = (n * probs[flat]) ** (-self.beta)
+        return flat, (w / w.max()).astype(np.float32)
+
     def sample(self, batch_size: int, rng: np.random.Generator) -> SampledIndices:
         """Draw ``batch_size`` transitions with probability P(i) (with replacement)."""
         n = self.num_transitions
