@@ -3,7 +3,11 @@
 What this script owns
     Timing of the tree work only: the two kernel calls per simulation (select; expand + backup), measured
     directly on precomputed random network outputs, the whole ``MuZeroSearch.run()`` with a zero-cost
-    ``recurrent_fn``, and the numba compile time cold vs loaded from the on-disk cache.
+    ``recurrent_fn``, and the numba compile time cold vs loaded from the on-disk cache. With LightZero's
+    compiled tree installed (``pip install --no-deps LightZero==0.2.0``; nothing else of it is imported),
+    the ``reference`` section times its search, C++ tree plus its collect path's Python glue, beside
+    ``run()`` in interleaved rounds on the same zero-cost network outputs: the issue's "3x below the
+    reference" as a ratio measured on one machine.
 
 What it must never do
     Time the network or depend on a model (a later section comparing search time with the real network per
@@ -352,8 +356,128 @@ def section_collect_step(args: argparse.Namespace) -> None:
     )
 
 
+def load_reference_tree():
+    """LightZero's compiled MuZero tree (``lzero/mcts/ctree/ctree_muzero/mz_tree*.so``), loaded from its file
+    so that LightZero's package imports (DI-engine, ...) are not needed; None when LightZero is absent.
+    Install it for this section only: ``pip install --no-deps LightZero==0.2.0``."""
+    import glob
+    import importlib.util
+
+    spec = importlib.util.find_spec("lzero")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    pattern = os.path.join(spec.submodule_search_locations[0], "mcts", "ctree", "ctree_muzero", "mz_tree*.so")
+    found = glob.glob(pattern)
+    if not found:
+        return None
+    tree_spec = importlib.util.spec_from_file_location("mz_tree", found[0])
+    module = importlib.util.module_from_spec(tree_spec)
+    tree_spec.loader.exec_module(module)
+    return module
+
+
+def time_reference_run(
+    mz_tree,
+    *,
+    batch_size: int,
+    num_actions: int,
+    num_simulations: int,
+    repeats: int,
+    rng: np.random.Generator,
+) -> tuple[float, float]:
+    """Microseconds per simulation per tree of the reference's search as its collect path drives it (and of
+    its two C++ calls alone, ``batch_traverse`` and ``batch_backpropagate``): root
+    noise drawn per root, ``Roots`` + ``prepare``, then per simulation ``batch_traverse``, the leaf latents
+    gathered from its per-simulation list, the zero-cost network's outputs (precomputed tensors, like
+    :func:`time_full_run`'s) turned into numpy and lists, ``batch_backpropagate``; finally the visit
+    distributions and root values read out. The same constants as ``MuZeroSearch``'s defaults."""
+    reward, value, logits = _random_network_outputs(
+        rng, batch_size=batch_size, num_actions=num_actions, num_simulations=num_simulations
+    )
+    reward_t, value_t, logits_t = (torch.from_numpy(x) for x in (reward, value, logits))
+    root_latent = np.zeros((batch_size, LATENT_SIZE), dtype=np.float32)
+    root_logits = rng.normal(size=(batch_size, num_actions)).astype(np.float32).tolist()
+    legal = [list(range(num_actions)) for _ in range(batch_size)]
+    to_play = [-1] * batch_size
+    noise_rng = np.random.default_rng(0)
+    in_tree_ns = [0]
+
+    def run_once() -> None:
+        noises = [
+            noise_rng.dirichlet([0.3] * num_actions).astype(np.float32).tolist() for _ in range(batch_size)
+        ]
+        roots = mz_tree.Roots(batch_size, legal)
+        roots.prepare(0.25, noises, [0.0] * batch_size, root_logits, to_play)
+        min_max = mz_tree.MinMaxStatsList(batch_size)
+        min_max.set_delta(0.01)
+        path = [root_latent]
+        for sim in range(num_simulations):
+            results = mz_tree.ResultsWrapper(num=batch_size)
+            t0 = CLOCK_NS()
+            ix, iy, last_actions, virtual_to_play = mz_tree.batch_traverse(
+                roots, 19652, 1.25, 0.997, min_max, results, to_play
+            )
+            in_tree_ns[0] += CLOCK_NS() - t0
+            latents = torch.from_numpy(np.asarray([path[i][j] for i, j in zip(ix, iy)]))
+            actions = torch.from_numpy(np.asarray(last_actions)).long()
+            del actions  # the network's input; the zero-cost network ignores it
+            out_latent, out_reward, out_value, out_logits = (
+                t.detach().cpu().numpy() for t in (latents, reward_t[sim], value_t[sim], logits_t[sim])
+            )
+            path.append(out_latent)
+            rewards, values = out_reward.reshape(-1).tolist(), out_value.reshape(-1).tolist()
+            priors = out_logits.tolist()
+            t0 = CLOCK_NS()
+            mz_tree.batch_backpropagate(
+                sim + 1, 0.997, rewards, values, priors, min_max, results, virtual_to_play
+            )
+            in_tree_ns[0] += CLOCK_NS() - t0
+        roots.get_distributions()
+        roots.get_values()
+
+    run_once()
+    in_tree_ns[0] = 0
+    t0 = CLOCK_NS()
+    for _ in range(repeats):
+        run_once()
+    per_sim_tree = 1e-3 / (repeats * num_simulations * batch_size)  # ns -> us
+    return (CLOCK_NS() - t0) * per_sim_tree, in_tree_ns[0] * per_sim_tree
+
+
+def section_reference(args: argparse.Namespace) -> None:
+    """This search's ``run()`` against the reference's C++ tree with its Python glue, interleaved rounds."""
+    mz_tree = load_reference_tree()
+    if mz_tree is None:
+        print("\n## Reference tree: skipped (no LightZero here; pip install --no-deps LightZero==0.2.0)")
+        return
+    rng = np.random.default_rng(args.seed)
+    rounds, reps = 5, max(args.repeats // 8, 1)
+    rows = []
+    for num_actions in args.num_actions:
+        for batch_size in args.batch_sizes:
+            cfg = dict(batch_size=batch_size, num_actions=num_actions, num_simulations=args.num_simulations)
+            ours, ref, ref_tree = [], [], []
+            for _ in range(rounds):
+                ours.append(time_full_run(repeats=reps, rng=rng, **cfg))
+                whole, in_tree = time_reference_run(mz_tree, repeats=reps, rng=rng, **cfg)
+                ref.append(whole)
+                ref_tree.append(in_tree)
+            ratio = np.asarray(ref) / np.asarray(ours)
+            rows.append([
+                batch_size, num_actions, args.num_simulations, float(np.median(ours)), float(np.median(ref)),
+                float(np.median(ref_tree)), f"{np.median(ratio):.2f} [{ratio.min():.2f}, {ratio.max():.2f}]",
+            ])  # fmt: skip
+    print_table(
+        f"run() against the reference's C++ tree and Python glue (LightZero 0.2.0 mz_tree), no network, "
+        f"medians of {rounds} interleaved rounds x {reps} searches (us per simulation per tree)",
+        ["B", "A", "sims", "run() us", "reference us", "its C++ calls us", "reference / run() [min, max]"],
+        rows,
+    )
+
+
 SECTIONS: list[Callable[[argparse.Namespace], None]] = [
     section_kernels,
+    section_reference,
     section_sampled,
     section_compile,
     section_collect_step,
