@@ -59,15 +59,12 @@ def main(argv: list[str] | None = None) -> None:
     core = DriverCore(cfg, MemoryReporter())
     fill_replay(core, max(2 * cfg.learn.batch_size, 1000))
     learner, bs = core.learner, cfg.learn.batch_size
-    sample = core.buffer.sample(bs, core.rng)
-    target = learner.target_model
-    batch = core.policy.make_batch(sample, target_model=target, rng=core.rng, defer_bootstrap=True)
-    batch = resolve_bootstrap(batch)  # the target network's forward done once, outside the timing
+    # the target network's forward done once, outside the timing
+    batch = resolve_bootstrap(core.build_batch()[1])
     build_rng = np.random.default_rng(1)  # the neighbour's own draws; the batch above stays fixed
 
     def build_batch() -> None:
-        sample = core.buffer.sample(bs, build_rng)
-        core.policy.make_batch(sample, target_model=learner.target_model, rng=build_rng, defer_bootstrap=True)
+        core.build_batch(build_rng)
 
     def backward_and_step() -> tuple[float, float]:
         """Seconds of the loss's backward and of the optimizer step (the forward untimed)."""

@@ -100,13 +100,9 @@ def main(argv: list[str] | None = None) -> None:
         return (clock() - t0) / n
 
     def build():  # the driver's side of a batch: the bootstrap values are left to the learner's step
-        s = core.buffer.sample(bs, core.rng)
-        core.policy.make_batch(s, target_model=core.learner.target_model, rng=core.rng, defer_bootstrap=True)
+        core.build_batch()
 
-    deferred = core.policy.make_batch(
-        core.buffer.sample(bs, core.rng), target_model=core.learner.target_model, rng=core.rng,
-        defer_bootstrap=True,
-    )  # fmt: skip
+    _, deferred = core.build_batch()
 
     amp = core.learner.autocast_dtype  # the learner's precision (learn.mixed_precision), None: fp32
     helper = core.learner.bootstrap_helper

@@ -24,8 +24,8 @@ from muzero_tune.pipeline.messages import CollectResult, EvalResult
 from muzero_tune.pipeline.reporter import Reporter
 from muzero_tune.policies.base import check_action_kind
 from muzero_tune.policies.registry import get_policy_class, policy_types_for
-from muzero_tune.replay.buffer import ReplayBuffer
-from muzero_tune.replay.targets import reanalyze_positions
+from muzero_tune.replay.buffer import ReplayBuffer, SampledIndices
+from muzero_tune.replay.targets import TrainBatch, reanalyze_positions
 
 EVAL_SEED_OFFSET = 100_000  # evaluator episode j is reset with seed cfg.seed + EVAL_SEED_OFFSET + j
 EPISODE_WINDOW = 100  # collect/episode_*_mean average the last this many finished training episodes
@@ -202,20 +202,26 @@ class DriverCore:
 
     # ------------------------------------------------------------------ learning
 
-    def train_step(self) -> LearnOutput:
-        """Sample, build targets (the bootstrap values left to the learner's step), one learner step, priority
-        write-back."""
-        lc, rc = self.cfg.learn, self.cfg.replay
-        sample = self.buffer.sample(lc.batch_size, self.rng)
+    def build_batch(self, rng: np.random.Generator | None = None) -> tuple[SampledIndices, TrainBatch]:
+        """Draw a prioritized sample and build its targets, the bootstrap values left to the learner's step;
+        ``rng``: the driver RNG unless given (benchmarks draw with their own)."""
+        lc, rng = self.cfg.learn, self.rng if rng is None else rng
+        sample = self.buffer.sample(lc.batch_size, rng)
         batch = self.policy.make_batch(
             sample,
             target_model=self.learner.target_model,
-            rng=self.rng,
-            reanalyze_count=int(lc.batch_size * rc.reanalyze_ratio),
+            rng=rng,
+            reanalyze_count=int(lc.batch_size * self.cfg.replay.reanalyze_ratio),
             defer_bootstrap=True,  # the target network's forward is the learner's work (targets.Bootstrap)
         )
+        return sample, batch
+
+    def train_step(self) -> LearnOutput:
+        """Sample, build targets (the bootstrap values left to the learner's step), one learner step, priority
+        write-back."""
+        sample, batch = self.build_batch()
         out = self.learner.train_step(batch)
-        if rc.use_priority:
+        if self.cfg.replay.use_priority:
             if self.buffer.update_priorities(sample.flat_index, out.priorities, sample.make_time) == 0:
                 self.counters.stale_writebacks += 1
         self.last_learn = out
