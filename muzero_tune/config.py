@@ -239,6 +239,13 @@ class LearnConfig:
         "run the target network's bootstrap forward on a helper thread beside the loss's forward (same "
         "values; faster where the process has a second core to spare)",
     )
+    num_threads: int = param(
+        1,
+        "CPU cores the learner's step may use: torch's intra-op threads for its backward and optimizer step, "
+        "and for its loss forward less the one the bootstrap helper takes (1: one thread, as every process "
+        "here; more only where those cores are the learner's alone -- beside busy actors it is slower)",
+        ge=1,
+    )
 
 
 @dataclass(frozen=True)

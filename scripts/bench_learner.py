@@ -4,6 +4,7 @@ against a bare forward+backward of the same network on the same shapes, measured
     python scripts/bench_learner.py                      # CartPole MuZero, batch 256, K=5, MLP
     python scripts/bench_learner.py --preset pong_muzero --set learn.batch_size=32 --steps 5
     python scripts/bench_learner.py --clock cpu          # this process's CPU time (steadier when shared)
+    python scripts/bench_learner.py --preset pong_muzero --set learn.batch_size=32 --set learn.num_threads=2
     python scripts/bench_learner.py --preset pong_muzero --set learn.batch_size=32 --flops   # + FLOP bounds
 
 ``--clock cpu`` counts the CPU seconds this process spent (``time.process_time``): with one torch thread the
@@ -29,7 +30,7 @@ from muzero_tune.config import make_config, parse_set_args
 from muzero_tune.models.layout import place_model
 from muzero_tune.pipeline.collector import fill_replay
 from muzero_tune.pipeline.core import DriverCore, setup_torch_threads
-from muzero_tune.pipeline.learner import make_optimizer
+from muzero_tune.pipeline.learner import intra_op_threads, make_optimizer
 from muzero_tune.pipeline.reporter import MemoryReporter
 
 
@@ -131,6 +132,14 @@ def main(argv: list[str] | None = None) -> None:
         variants["serial"] = serial_step
     if amp is not None:  # learn.mixed_precision: the bare step in fp32 too
         variants["bare_fp32"] = lambda: bare_step(model, opt, obs, actions, k)
+    threads = cfg.learn.num_threads
+    if threads > 1:  # learn.num_threads: the bare step on as many threads too (the efficiency stays on one)
+
+        def bare_threads():
+            with intra_op_threads(threads):
+                bare_step(model, opt, obs, actions, k, amp)
+
+        variants["bare_threads"] = bare_threads
     # warm-up, then many short interleaved rounds: every variant sees the same machine load, and the
     # ratios are taken per round (the median and the spread say how much the shared machine moved them)
     # and between each variant's fastest round
@@ -153,7 +162,7 @@ def main(argv: list[str] | None = None) -> None:
     f, b, x, t, v = med["full"], med["bare"], med["fixed"], med["targets"], med["bootstrap"]
     precision = "fp32" if amp is None else f"autocast {str(amp).removeprefix('torch.')}"
     print(f"preset={args.preset} batch={bs} K={k} model={cfg.model.kind} ssl={cfg.learn.ssl_loss_weight > 0} "
-          f"precision={precision} overlap_bootstrap={helper is not None}")  # fmt: skip
+          f"precision={precision} overlap_bootstrap={helper is not None} num_threads={threads}")  # fmt: skip
     print(f"  rounds={args.rounds} x {args.steps} steps per variant, interleaved, {args.clock} clock; "
           f"medians (load {os.getloadavg()[0]:.2f} at the end):")  # fmt: skip
     print(f"  full learner step     : {1e3 * f:8.2f} ms  -> {1 / f:7.1f} train steps/s")
@@ -162,6 +171,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"  bare forward+backward ({precision}): {1e3 * b:8.2f} ms  -> {1 / b:7.1f} steps/s")
     if "bare_fp32" in med:
         print(f"  bare forward+backward (fp32): {1e3 * med['bare_fp32']:8.2f} ms")
+    if "bare_threads" in med:
+        print(f"  bare forward+backward on {threads} threads: {1e3 * med['bare_threads']:8.2f} ms")
     print(f"  policy loss + backward on a fixed batch (SSL incl.): {1e3 * x:8.2f} ms")
     print(f"  sample + targets (the driver's side, bootstrap deferred): {1e3 * t:8.2f} ms")
     print(f"  bootstrap values (target network, {len(deferred.bootstrap.obs)} positions): {1e3 * v:8.2f} ms")
@@ -171,6 +182,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  overlap speed-up (serial step / full): {ratio('serial', 'full')}")
     if "bare_fp32" in med:
         print(f"  against the fp32 bare step (bare fp32 / full): {ratio('bare_fp32', 'full')}")
+    if "bare_threads" in med:
+        print(f"  against the bare step on {threads} threads (bare / full): {ratio('bare_threads', 'full')}")
     print(f"  learner efficiency without data (fixed-batch loss step / full): {ratio('fixed', 'full')}")
     if args.flops:
         gf = {

@@ -114,6 +114,7 @@ BAD = [
     ({"learn.batch_size": 2.5}, "learn.batch_size", "expected an integer"),
     ({"replay.use_priority": "maybe"}, "replay.use_priority", "expected a bool"),
     ({"learn.batch_size": 0}, "learn.batch_size", ">= 1"),
+    ({"learn.num_threads": 0}, "learn.num_threads", ">= 1"),
     ({"replay.priority_beta": 1.5}, "replay.priority_beta", "<= 1"),
     ({"mcts.discount": 0.0}, "mcts.discount", "> 0"),
     ({"learn.optimizer": "adm"}, "learn.optimizer", "did you mean 'adam'"),

@@ -573,3 +573,34 @@ def test_mixed_precision_without_native_bf16_warns_and_runs_fp32(monkeypatch):
     with pytest.warns(ConfigWarning, match=r"learn\.mixed_precision=True: no native bf16"):
         learner = Learner(cfg, MuZeroPolicy(cfg, SPEC))
     assert learner.autocast_dtype is None
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_num_threads_sets_the_steps_intra_op_threads_and_restores_the_callers(overlap):
+    """``learn.num_threads=2``: the backward runs on 2 intra-op threads, the loss's forward on 2 less the
+    bootstrap helper's one; the caller's count (1 here) is back after every step, and the step is
+    deterministic at that count (two learners from one seed end bit-identical)."""
+    runs = []
+    for _ in range(2):
+        cfg = small_cfg(**{"learn.num_threads": 2, "learn.overlap_bootstrap": overlap})
+        learner = Learner(cfg, MuZeroPolicy(cfg, SPEC))
+        seen: dict[str, list[int]] = {"forward": [], "backward": []}
+        loss_fn = learner.policy.compute_loss
+
+        def recorded_loss(*args, loss_fn=loss_fn, seen=seen, **kwargs):
+            seen["forward"].append(torch.get_num_threads())
+            return loss_fn(*args, **kwargs)
+
+        learner.policy.compute_loss = recorded_loss
+        # a gradient hook runs inside the backward, on the calling thread (the CPU autograd engine's)
+        first = next(learner.model.parameters())
+        first.register_hook(lambda g, seen=seen: seen["backward"].append(torch.get_num_threads()) or g)
+        batches, _ = _deferred_batches(cfg, learner, 4)
+        for b in batches:
+            out = learner.train_step(b)
+            assert torch.get_num_threads() == 1
+            assert np.isfinite(out.metrics["train/loss_total"])
+        assert seen["forward"] == [1 if overlap else 2] * 4
+        assert seen["backward"] == [2] * 4
+        runs.append(params(learner.model))
+    assert_same(runs[0], runs[1])

@@ -603,3 +603,16 @@ def test_device_auto_reserves_a_gpu_in_bundle_0_only_when_the_cluster_has_one(ra
     assert trial_bundles(auto, cluster_gpus=0.0) == [{"CPU": 1.0}]
     assert trial_bundles(cpu, cluster_gpus=1.0) == [{"CPU": 1.0}]
     assert trial_bundles(auto) == [{"CPU": 1.0}]  # the test cluster has no GPU
+
+
+def test_learner_threads_are_reserved_in_bundle_0(tmp_path):
+    """``learn.num_threads`` is the cores the learner's step uses: the driver's bundle reserves them, sync and
+    async, and the actors' bundles are unchanged."""
+    from muzero_tune.tune.resources import trial_bundles
+
+    two = {"learn.num_threads": 2}
+    sync = make_config("cartpole_muzero", overrides=tiny(tmp_path, **two))
+    asyn = make_config("cartpole_muzero", overrides=tiny(tmp_path, **two, **{AP + "enabled": True}))
+    assert trial_bundles(sync, cluster_gpus=0.0) == [{"CPU": 2.0}]
+    assert trial_bundles(asyn, cluster_gpus=0.0)[0] == {"CPU": 2.0}
+    assert all(b == {"CPU": 1.0} for b in trial_bundles(asyn, cluster_gpus=0.0)[1:])

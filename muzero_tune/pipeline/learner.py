@@ -6,7 +6,8 @@ buffer), priorities go out. A batch may leave its value targets' bootstrap term 
 device -- network work belongs to the learner, the driver's thread keeps the bookkeeping. With
 ``learn.overlap_bootstrap`` it runs on a helper thread while the loss's forward runs on the caller's (the
 loss reads its value targets last); the values are the same, since the target network changes only after
-the step. ``learn.mixed_precision`` autocasts both forwards (bf16 on CUDA and on CPUs with native bf16); the
+the step. ``learn.num_threads`` is the cores the step may use: torch's intra-op threads for the backward and
+the optimizer step, and for the loss's forward less the helper's one. ``learn.mixed_precision`` autocasts both forwards (bf16 on CUDA and on CPUs with native bf16); the
 weights, gradients and optimizer stay fp32.
 ``state_dict()`` holds everything needed to continue exactly -- model, target model, optimizer, scheduler,
 train_iter and the RNG states of torch, numpy and Python -- and is loadable with
@@ -15,10 +16,12 @@ train_iter and the RNG states of torch, numpy and Python -- and is loadable with
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import random
 import time
 import warnings
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -85,6 +88,26 @@ def torch_thread_pool(name: str) -> ThreadPoolExecutor:
         initializer=torch.set_num_threads,
         initargs=(torch.get_num_threads(),),
     )
+
+
+@contextlib.contextmanager
+def intra_op_threads(n: int) -> Iterator[None]:
+    """Torch's intra-op thread count on the calling thread set to ``n`` inside the block, restored after.
+
+    The count is OpenMP's, kept per OS thread (see :func:`torch_thread_pool`), so only the caller's ops
+    change. A no-op where the count is already ``n``. Results are deterministic for a given count, but a
+    reduction split over 2 threads rounds differently from 1 (66 of a Pong loss's 78 gradient tensors differ
+    between 1 and 2 threads; at either they are bit-identical run to run), so the count is configuration
+    (``learn.num_threads``), never picked by timing."""
+    before = torch.get_num_threads()
+    if before == n:
+        yield
+        return
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def lr_factor(lc: LearnConfig, step: int) -> float:
@@ -208,6 +231,10 @@ class Learner:
         # learn.overlap_bootstrap: one helper thread for the target network's bootstrap forward (None: the
         # forward runs first, on the caller's thread)
         self.bootstrap_helper = torch_thread_pool("learner-bootstrap") if lc.overlap_bootstrap else None
+        # learn.num_threads: the backward and optimizer step get them all, the loss's forward all but the
+        # bootstrap helper's one (at least one)
+        self.backward_threads = lc.num_threads
+        self.forward_threads = max(1, lc.num_threads - (self.bootstrap_helper is not None))
 
     def train_step(self, batch: TrainBatch) -> LearnOutput:
         """One optimizer step on ``batch`` (its deferred bootstrap values first, with the target network as
@@ -223,13 +250,15 @@ class Learner:
             batch = self.in_precision(resolve_bootstrap, batch)
         if not self.model.training:  # Module.train() walks every submodule: only when it changes
             self.model.train()
-        out = self.in_precision(self.policy.compute_loss, self.model, batch, train_iter=self.train_iter)
-        self.optimizer.zero_grad(set_to_none=True)
-        self._scaler.scale(out.loss).backward()
-        self._scaler.unscale_(self.optimizer)
-        grad_norm = clip_grad_norm(self._params, lc.grad_clip_norm)
-        self._scaler.step(self.optimizer)
-        self._scaler.update()
+        with intra_op_threads(self.forward_threads):
+            out = self.in_precision(self.policy.compute_loss, self.model, batch, train_iter=self.train_iter)
+        with intra_op_threads(self.backward_threads):
+            self.optimizer.zero_grad(set_to_none=True)
+            self._scaler.scale(out.loss).backward()
+            self._scaler.unscale_(self.optimizer)
+            grad_norm = clip_grad_norm(self._params, lc.grad_clip_norm)
+            self._scaler.step(self.optimizer)
+            self._scaler.update()
         self.scheduler.step()
         self.train_iter += 1
         self._update_target()

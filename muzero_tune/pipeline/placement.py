@@ -1,7 +1,7 @@
 """Resources: placement-group bundles for the driver and its actor pools, and where each actor goes.
 
-Bundle 0 is the driver and learner (with a GPU when the learner uses CUDA), then one bundle per collector
-actor, then one per evaluator actor. A standalone async run creates this placement group itself; under
+Bundle 0 is the driver and learner (``learn.num_threads`` CPUs, with a GPU when the learner uses CUDA), then
+one bundle per collector actor, then one per evaluator actor. A standalone async run creates this placement group itself; under
 Tune the trial's ``PlacementGroupFactory`` is built from the same :func:`bundles` and the actors go into the
 trial's group. Either way actors are created with explicit bundle indices, and every wait has a timeout
 that says which resources are missing (Ray otherwise waits silently forever).
@@ -30,9 +30,11 @@ def _bundle(cpus: float, gpus: float) -> dict[str, float]:
 
 
 def driver_bundle(cfg: ExperimentConfig, *, learner_on_gpu: bool | None = None) -> dict[str, float]:
+    """The driver's bundle: ``learn.num_threads`` CPUs (the cores its learner's step uses), and a GPU when the
+    learner runs on CUDA."""
     if learner_on_gpu is None:
         learner_on_gpu = cfg.learn.device.startswith("cuda")
-    return _bundle(1.0, 1.0 if learner_on_gpu else 0.0)
+    return _bundle(float(cfg.learn.num_threads), 1.0 if learner_on_gpu else 0.0)
 
 
 def bundles(cfg: ExperimentConfig, *, learner_on_gpu: bool | None = None) -> list[dict[str, float]]:
