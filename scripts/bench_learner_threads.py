@@ -1,4 +1,4 @@
-"""Learner steps at ``learn.num_threads`` 1 against N, side by side in one run; optionally beside a busy process.
+"""Learner steps at ``learn.num_threads`` 1 against N, side by side, optionally beside a busy process.
 
     python scripts/bench_learner_threads.py --preset pong_muzero --set learn.batch_size=32
     python scripts/bench_learner_threads.py --preset pong_muzero --set learn.batch_size=32 --busy-process
@@ -72,8 +72,9 @@ def main(argv: list[str] | None = None) -> None:
     one, many = np.asarray(per_round[1]), np.asarray(per_round[args.threads])
     r = one / many
     cfg = cores[1].cfg
-    print(f"preset={args.preset} batch={cfg.learn.batch_size} overlap_bootstrap={cfg.learn.overlap_bootstrap} "
-          f"busy_process={args.busy_process}; {args.rounds} rounds x {args.steps} steps, interleaved "
+    print(f"preset={args.preset} batch={cfg.learn.batch_size} "
+          f"overlap_bootstrap={cfg.learn.overlap_bootstrap} busy_process={args.busy_process}; "
+          f"{args.rounds} rounds x {args.steps} steps, interleaved "
           f"(load {os.getloadavg()[0]:.2f} at the end)")  # fmt: skip
     print(f"  full step, learn.num_threads=1: {1e3 * np.median(one):8.2f} ms")
     print(f"  full step, learn.num_threads={args.threads}: {1e3 * np.median(many):8.2f} ms")

@@ -7,8 +7,8 @@ device -- network work belongs to the learner, the driver's thread keeps the boo
 ``learn.overlap_bootstrap`` it runs on a helper thread while the loss's forward runs on the caller's (the
 loss reads its value targets last); the values are the same, since the target network changes only after
 the step. ``learn.num_threads`` is the cores the step may use: torch's intra-op threads for the backward and
-the optimizer step, and for the loss's forward less the helper's one. ``learn.mixed_precision`` autocasts both forwards (bf16 on CUDA and on CPUs with native bf16); the
-weights, gradients and optimizer stay fp32.
+the optimizer step, and for the loss's forward less the helper's one. ``learn.mixed_precision`` autocasts both
+forwards (bf16 on CUDA and on CPUs with native bf16); the weights, gradients and optimizer stay fp32.
 ``state_dict()`` holds everything needed to continue exactly -- model, target model, optimizer, scheduler,
 train_iter and the RNG states of torch, numpy and Python -- and is loadable with
 ``torch.load(weights_only=True)``.

@@ -1,10 +1,10 @@
 """Resources: placement-group bundles for the driver and its actor pools, and where each actor goes.
 
 Bundle 0 is the driver and learner (``learn.num_threads`` CPUs, with a GPU when the learner uses CUDA), then
-one bundle per collector actor, then one per evaluator actor. A standalone async run creates this placement group itself; under
-Tune the trial's ``PlacementGroupFactory`` is built from the same :func:`bundles` and the actors go into the
-trial's group. Either way actors are created with explicit bundle indices, and every wait has a timeout
-that says which resources are missing (Ray otherwise waits silently forever).
+one bundle per collector actor, then one per evaluator actor. A standalone async run creates this placement
+group itself; under Tune the trial's ``PlacementGroupFactory`` is built from the same :func:`bundles` and the
+actors go into the trial's group. Either way actors are created with explicit bundle indices, and every wait
+has a timeout that says which resources are missing (Ray otherwise waits silently forever).
 """
 
 from __future__ import annotations
