@@ -88,11 +88,14 @@ def main(argv: list[str] | None = None) -> None:
     loss_opt = make_optimizer(cfg.learn, list(model.parameters()))
 
     def loss_step():
-        """The policy's own loss (SSL included) + backward + step on a fixed batch: the learner minus data."""
-        out = core.policy.compute_loss(model, batch, train_iter=0)
-        loss_opt.zero_grad(set_to_none=True)
-        out.loss.backward()
-        loss_opt.step()
+        """The policy's own loss (SSL included) + backward + step on a fixed batch: the learner minus data,
+        on the learner's thread counts (``learn.num_threads``)."""
+        with intra_op_threads(core.learner.forward_threads):
+            out = core.policy.compute_loss(model, batch, train_iter=0)
+        with intra_op_threads(core.learner.backward_threads):
+            loss_opt.zero_grad(set_to_none=True)
+            out.loss.backward()
+            loss_opt.step()
 
     def time_it(fn, n):
         t0 = clock()

@@ -68,7 +68,8 @@ class RunSummary:
 
 def setup_torch_threads() -> None:
     """One torch thread per process: parallelism comes from processes (measured: 2 threads on 2 busy
-    cores are many times slower)."""
+    cores are many times slower). The learner's step may take more around its own ops
+    (``learn.num_threads``, :func:`~muzero_tune.pipeline.learner.intra_op_threads`)."""
     torch.set_num_threads(1)
 
 
