@@ -9,7 +9,8 @@ against a bare forward+backward of the same network on the same shapes, measured
 
 ``--clock cpu`` counts the CPU seconds this process spent (``time.process_time``): with one torch thread the
 work is the same, and the waits for a core that other processes hold are left out, so the ratios move far
-less with the machine's load than wall-time ones do.
+less with the machine's load than wall-time ones do. It counts every thread's CPU, the helper's and those of
+``learn.num_threads`` > 1 included, so those are compared on the wall clock.
 
 ``--flops`` also counts the floating-point work of one step (``torch.utils.flop_counter``: matmuls and
 convolutions, forward and backward) and prints the efficiency that work alone allows, whatever the code
