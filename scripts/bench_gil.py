@@ -22,12 +22,10 @@ import time
 from collections.abc import Callable
 
 import numpy as np
+from bench_common import add_preset_args, filled_core, preset_overrides
 
-from muzero_tune.config import make_config, parse_set_args
-from muzero_tune.pipeline.collector import fill_replay
-from muzero_tune.pipeline.core import DriverCore, setup_torch_threads
+from muzero_tune.pipeline.core import setup_torch_threads
 from muzero_tune.pipeline.learner import torch_thread_pool
-from muzero_tune.pipeline.reporter import MemoryReporter
 from muzero_tune.replay.targets import resolve_bootstrap
 
 
@@ -46,8 +44,7 @@ def make_numpy_sort() -> Callable[[], None]:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", default="cartpole_muzero")
-    p.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
+    add_preset_args(p)
     p.add_argument("--steps", type=int, default=10, help="timed backward+step calls per neighbour per round")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
     p.add_argument("--switch-interval-ms", type=float, default=None, help="sys.setswitchinterval (default 5)")
@@ -55,9 +52,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.switch_interval_ms is not None:
         sys.setswitchinterval(args.switch_interval_ms / 1e3)
     setup_torch_threads()
-    cfg = make_config(args.preset, overrides={"logging.quiet": True, **parse_set_args(args.overrides)})
-    core = DriverCore(cfg, MemoryReporter())
-    fill_replay(core, max(2 * cfg.learn.batch_size, 1000))
+    core = filled_core(args.preset, preset_overrides(args))
+    cfg = core.cfg
     learner, bs = core.learner, cfg.learn.batch_size
     # the target network's forward done once, outside the timing
     batch = resolve_bootstrap(core.build_batch()[1])

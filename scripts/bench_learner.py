@@ -26,13 +26,11 @@ import time
 
 import numpy as np
 import torch
+from bench_common import add_preset_args, filled_core, preset_overrides
 
-from muzero_tune.config import make_config, parse_set_args
 from muzero_tune.models.layout import place_model
-from muzero_tune.pipeline.collector import fill_replay
-from muzero_tune.pipeline.core import DriverCore, setup_torch_threads
+from muzero_tune.pipeline.core import setup_torch_threads
 from muzero_tune.pipeline.learner import intra_op_threads, make_optimizer
-from muzero_tune.pipeline.reporter import MemoryReporter
 
 
 def bare_step(model, optimizer, obs, actions, num_unroll: int, amp_dtype: torch.dtype | None = None) -> None:
@@ -62,8 +60,7 @@ def bare_step(model, optimizer, obs, actions, num_unroll: int, amp_dtype: torch.
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", default="cartpole_muzero")
-    p.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
+    add_preset_args(p)
     p.add_argument("--steps", type=int, default=10, help="timed steps per variant per round")
     p.add_argument("--rounds", type=int, default=15, help="interleaved rounds (side by side)")
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="wall time or this process's CPU")
@@ -71,9 +68,8 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     setup_torch_threads()
-    cfg = make_config(args.preset, overrides={"logging.quiet": True, **parse_set_args(args.overrides)})
-    core = DriverCore(cfg, MemoryReporter())
-    fill_replay(core, max(2 * cfg.learn.batch_size, 1000))
+    core = filled_core(args.preset, preset_overrides(args))
+    cfg = core.cfg
 
     bs, k = cfg.learn.batch_size, cfg.replay.num_unroll_steps
     # the learner's device and layout: the same network

@@ -17,14 +17,11 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
-import time
 
 import numpy as np
+from bench_common import add_preset_args, filled_core, interleaved_train_steps, preset_overrides
 
-from muzero_tune.config import make_config, parse_set_args
-from muzero_tune.pipeline.collector import fill_replay
-from muzero_tune.pipeline.core import DriverCore, setup_torch_threads
-from muzero_tune.pipeline.reporter import MemoryReporter
+from muzero_tune.pipeline.core import setup_torch_threads
 
 
 def spin(stop) -> None:
@@ -35,36 +32,21 @@ def spin(stop) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", default="cartpole_muzero")
-    p.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
+    add_preset_args(p)
     p.add_argument("--threads", type=int, default=2, help="the thread count compared with 1")
     p.add_argument("--steps", type=int, default=2, help="train steps per driver per round")
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--busy-process", action="store_true", help="a second process spins on a core meanwhile")
     args = p.parse_args(argv)
     setup_torch_threads()
-    overrides = {"logging.quiet": True, **parse_set_args(args.overrides)}
-    cores = {}
-    for n in (1, args.threads):
-        cfg = make_config(args.preset, overrides={**overrides, "learn.num_threads": n})
-        core = DriverCore(cfg, MemoryReporter())
-        fill_replay(core, max(2 * cfg.learn.batch_size, 1000))
-        cores[n] = core
-    for core in cores.values():  # warm-up: traces, allocator, OpenMP's team
-        core.train_step()
-        core.train_step()
+    overrides = preset_overrides(args)
+    cores = {n: filled_core(args.preset, {**overrides, "learn.num_threads": n}) for n in (1, args.threads)}
     stop = mp.Event()
     busy = mp.Process(target=spin, args=(stop,), daemon=True) if args.busy_process else None
     if busy is not None:
         busy.start()
-    per_round: dict[int, list[float]] = {n: [] for n in cores}
-    try:
-        for _ in range(args.rounds):
-            for n, core in cores.items():
-                t0 = time.perf_counter()
-                for _ in range(args.steps):
-                    core.train_step()
-                per_round[n].append((time.perf_counter() - t0) / args.steps)
+    try:  # the warm-up steps (traces, allocator, OpenMP's team) then the timed rounds
+        per_round = interleaved_train_steps(cores, rounds=args.rounds, steps=args.steps)
     finally:
         stop.set()
         if busy is not None:

@@ -11,22 +11,16 @@ sees the same machine load. Prints steps/s and the ratio to MuZero.
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
+from bench_common import filled_core, interleaved_train_steps
 
-from muzero_tune.config import make_config
-from muzero_tune.pipeline.collector import fill_replay
 from muzero_tune.pipeline.core import DriverCore, setup_torch_threads
-from muzero_tune.pipeline.reporter import MemoryReporter
 from muzero_tune.policies.registry import implemented_policy_types
 
 
 def prepared_core(policy_type: str) -> DriverCore:
-    cfg = make_config(f"cartpole_{policy_type}", overrides={"logging.quiet": True})
-    core = DriverCore(cfg, MemoryReporter())
-    fill_replay(core, 2 * cfg.learn.batch_size)
-    return core
+    return filled_core(f"cartpole_{policy_type}", {"logging.quiet": True}, min_transitions=0)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -39,16 +33,7 @@ def main(argv: list[str] | None = None) -> None:
     setup_torch_threads()
     types = implemented_policy_types() if args.types is None else ("muzero", *args.types)
     cores = {t: prepared_core(t) for t in dict.fromkeys(types)}
-    for core in cores.values():
-        for _ in range(2):
-            core.train_step()  # warm-up
-    times: dict[str, list[float]] = {t: [] for t in cores}
-    for _ in range(args.rounds):
-        for t, core in cores.items():
-            t0 = time.perf_counter()
-            for _ in range(args.steps):
-                core.train_step()
-            times[t].append((time.perf_counter() - t0) / args.steps)
+    times = interleaved_train_steps(cores, rounds=args.rounds, steps=args.steps)
     base = float(np.median(times["muzero"]))
     print(f"CartPole presets, batch 256, K=5, {args.rounds} alternating rounds x {args.steps} steps (median)")
     print(f"{'policy type':>22} {'train steps/s':>14} {'vs muzero':>10}")

@@ -18,8 +18,9 @@ import os
 import time
 
 import numpy as np
+from bench_common import add_preset_args, preset_overrides
 
-from muzero_tune.config import make_config, parse_set_args
+from muzero_tune.config import make_config
 from muzero_tune.pipeline.collector import fill_replay
 from muzero_tune.pipeline.core import DriverCore, setup_torch_threads
 from muzero_tune.pipeline.learner import Learner
@@ -30,14 +31,13 @@ TERMS = ("train/loss_total", "train/loss_value", "train/loss_policy", "train/los
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", default="cartpole_muzero")
-    p.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
+    add_preset_args(p)
     p.add_argument("--steps", type=int, default=600, help="train steps of each learner")
     p.add_argument("--every", type=int, default=50, help="print the losses every this many steps")
     p.add_argument("--transitions", type=int, default=2000, help="real transitions collected first")
     args = p.parse_args(argv)
     setup_torch_threads()
-    base = {"logging.quiet": True, **parse_set_args(args.overrides)}
+    base = preset_overrides(args)
     cfg = make_config(args.preset, overrides={**base, "learn.mixed_precision": False})
     core = DriverCore(cfg, MemoryReporter())
     fill_replay(core, max(args.transitions, cfg.learn.batch_size), seed=cfg.seed)
