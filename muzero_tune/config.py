@@ -246,6 +246,20 @@ class LearnConfig:
         "here; more only where those cores are the learner's alone -- beside busy actors it is slower)",
         ge=1,
     )
+    helper_ssl_encodings: int = param(
+        0,
+        "how many of the SSL loss's K target encodings (the last ones) run on the bootstrap helper thread "
+        "beside the loss's unroll; the same results bit for bit (needs learn.overlap_bootstrap and a policy "
+        "whose loss takes them: muzero, efficientzero, gumbel_muzero, muzero_context, the sampled ones)",
+        ge=0,
+    )
+    prefetch_next_batch: bool = param(
+        True,
+        "build the next batch and start its bootstrap forward on the helper thread while this step's "
+        "backward runs (only where nothing can change it: the target network stays, no in-batch "
+        "reanalyze); thrown away unused if the buffer, the RNG or the target network changed since, so the "
+        "batches and results are the same as without",
+    )
 
 
 @dataclass(frozen=True)
@@ -1029,6 +1043,19 @@ def validate(cfg: ExperimentConfig, *, check_env: bool = True) -> ExperimentConf
         raise ConfigError(
             "replay.td_steps_min", replay.td_steps_min, f"must be <= replay.td_steps ({replay.td_steps})"
         )
+    if learn.helper_ssl_encodings > 0:
+        if not learn.overlap_bootstrap:
+            raise ConfigError(
+                "learn.helper_ssl_encodings",
+                learn.helper_ssl_encodings,
+                "runs on the bootstrap helper thread: needs learn.overlap_bootstrap=true (or set it to 0)",
+            )
+        if learn.helper_ssl_encodings > replay.num_unroll_steps:
+            raise ConfigError(
+                "learn.helper_ssl_encodings",
+                learn.helper_ssl_encodings,
+                f"must be <= replay.num_unroll_steps ({replay.num_unroll_steps}): one encoding per step",
+            )
     if cfg.env.env_id.startswith("ALE/") and cfg.model.kind != "conv":
         raise ConfigError("model.kind", cfg.model.kind, "Atari image observations need model.kind=conv")
     if ap.max_collect_inflight is not None and ap.max_collect_inflight > ap.num_collector_actors:

@@ -40,7 +40,9 @@ def interleaved_train_steps(
     cores: dict[Hashable, DriverCore], *, rounds: int, steps: int, warmup: int = 2
 ) -> dict[Hashable, list[float]]:
     """Seconds per full train step of each driver, one figure per round: after ``warmup`` steps each, every
-    round times ``steps`` steps of each driver in turn, so all of them see the same machine load."""
+    round times ``steps`` steps of each driver in turn, so all of them see the same machine load. A round
+    includes the work its last step started ahead (``learn.prefetch_next_batch``), which the driver's next
+    round then uses, as consecutive steps of a train budget do."""
     for core in cores.values():
         for _ in range(warmup):
             core.train_step()
@@ -50,5 +52,6 @@ def interleaved_train_steps(
             t0 = time.perf_counter()
             for _ in range(steps):
                 core.train_step()
+            core.settle()  # the next batch's bootstrap forward started ahead is this round's work
             per_round[key].append((time.perf_counter() - t0) / steps)
     return per_round

@@ -492,7 +492,12 @@ class AsyncDriver:
             for _ in range(b.plan.calls_at_step(b.progress)):
                 core.buffer_reanalyze()
             if b.progress < b.total:  # a 0-step budget (replay_ratio carry) is only counted
-                core.train_step()
+                follows = (  # another step of this budget comes at once: build its batch ahead
+                    b.progress + 1 < b.total
+                    and steps + 1 < self.ap.max_train_chunk_steps
+                    and b.plan.calls_at_step(b.progress + 1) == 0
+                )
+                core.train_step(prefetch_next=follows)
                 b.progress += 1
                 steps += 1
             if b.progress >= b.total:

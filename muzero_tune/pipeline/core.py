@@ -5,10 +5,18 @@ and the run counters. Both drivers call the same methods: :meth:`push_collect` (
 env steps, return the train budget owed), :meth:`train_step` (sample, build targets, learn, write back
 priorities, buffer reanalyze per schedule), :meth:`record_eval` (metrics, checkpoint through the
 reporter) and :meth:`resume_state` / :meth:`load_resume_state`.
+
+A train step may build the next step's batch ahead (``learn.prefetch_next_batch``): once its loss's forward
+is done and its priorities are written back, so the next batch's bootstrap forward runs on the learner's
+helper thread beside this step's backward. It draws with a copy of the driver RNG and without ticking the
+buffer's clock, and the next :meth:`train_step` uses it only if the buffer's version, the RNG's state and
+the target network's version are still those it was built at (and then takes the copy's RNG state and the
+tick), so the batches, the RNG stream and every checkpoint are the same as building each batch in turn.
 """
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
 
@@ -25,7 +33,7 @@ from muzero_tune.pipeline.reporter import Reporter
 from muzero_tune.policies.base import check_action_kind
 from muzero_tune.policies.registry import get_policy_class, policy_types_for
 from muzero_tune.replay.buffer import ReplayBuffer, SampledIndices
-from muzero_tune.replay.targets import TrainBatch, reanalyze_positions
+from muzero_tune.replay.targets import PendingBootstrap, TrainBatch, reanalyze_positions
 
 EVAL_SEED_OFFSET = 100_000  # evaluator episode j is reset with seed cfg.seed + EVAL_SEED_OFFSET + j
 EPISODE_WINDOW = 100  # collect/episode_*_mean average the last this many finished training episodes
@@ -101,6 +109,18 @@ def make_policy(cfg: ExperimentConfig):
     return cls(cfg, spec), spec
 
 
+@dataclass(frozen=True)
+class Prefetched:
+    """A batch built ahead of its train step and what it was built on (see the module docstring)."""
+
+    sample: SampledIndices
+    batch: TrainBatch  # its bootstrap forward already running on the learner's helper thread
+    buffer_version: int
+    target_version: int
+    rng_before: dict  # the driver RNG's state it was drawn from
+    rng_after: dict  # and the state drawing it left
+
+
 class DriverCore:
     """Learner + replay buffer + counters, driven by a sync or async loop."""
 
@@ -123,6 +143,9 @@ class DriverCore:
         self.t_start = time.monotonic()
         self._wall_offset = 0.0
         self.last_learn: LearnOutput | None = None
+        self._prefetched: Prefetched | None = None
+        # batches built ahead: used by the next step, and thrown away (something changed first)
+        self.prefetch_stats = {"used": 0, "discarded": 0}
 
     # ------------------------------------------------------------------ counters
 
@@ -198,38 +221,117 @@ class DriverCore:
             span=1,
             reanalyze_fn=lambda o, m: self.policy.reanalyze(self.learner.target_model, o, m, self.rng),
         )
+        self.buffer.mark_changed()  # statistics written into stored segments: a batch built ahead is stale
         self.counters.reanalyze_calls += 1
         return n
 
     # ------------------------------------------------------------------ learning
 
-    def build_batch(self, rng: np.random.Generator | None = None) -> tuple[SampledIndices, TrainBatch]:
+    def build_batch(
+        self, rng: np.random.Generator | None = None, *, tick: bool = True
+    ) -> tuple[SampledIndices, TrainBatch]:
         """Draw a prioritized sample and build its targets, the bootstrap values left to the learner's step;
-        ``rng``: the driver RNG unless given (benchmarks draw with their own)."""
+        ``rng``: the driver RNG unless given (benchmarks draw with their own); ``tick``: the buffer's clock
+        ticks for the draw (False: a draw made ahead, see :meth:`ReplayBuffer.sample`)."""
         lc, rng = self.cfg.learn, self.rng if rng is None else rng
-        sample = self.buffer.sample(lc.batch_size, rng)
+        sample = self.buffer.sample(lc.batch_size, rng, tick=tick)
         batch = self.policy.make_batch(
             sample,
             target_model=self.learner.target_model,
             rng=rng,
-            reanalyze_count=int(lc.batch_size * self.cfg.replay.reanalyze_ratio),
+            reanalyze_count=self.reanalyze_count,
             defer_bootstrap=True,  # the target network's forward is the learner's work (targets.Bootstrap)
         )
         return sample, batch
 
-    def train_step(self) -> LearnOutput:
+    @property
+    def reanalyze_count(self) -> int:
+        """Samples per batch whose policy targets are searched afresh (``replay.reanalyze_ratio``)."""
+        return int(self.cfg.learn.batch_size * self.cfg.replay.reanalyze_ratio)
+
+    def train_step(self, *, prefetch_next: bool = True) -> LearnOutput:
         """Sample, build targets (the bootstrap values left to the learner's step), one learner step, priority
-        write-back."""
-        sample, batch = self.build_batch()
-        out = self.learner.train_step(batch)
-        if self.cfg.replay.use_priority:
-            if self.buffer.update_priorities(sample.flat_index, out.priorities, sample.make_time) == 0:
-                self.counters.stale_writebacks += 1
+        write-back. ``prefetch_next``: the caller's hint that another train step follows at once, so building
+        its batch ahead is worth it (either way the results are the same: see the module docstring)."""
+        taken = self._take_prefetched()
+        sample, batch = taken if taken is not None else self.build_batch()
+
+        def after_forward(priorities: np.ndarray) -> None:
+            if self.cfg.replay.use_priority:
+                if self.buffer.update_priorities(sample.flat_index, priorities, sample.make_time) == 0:
+                    self.counters.stale_writebacks += 1
+            if prefetch_next and self._may_prefetch():
+                self._prefetch()
+
+        out = self.learner.train_step(batch, after_forward=after_forward)
         self.last_learn = out
         return out
 
+    def _may_prefetch(self) -> bool:
+        """Whether the next batch can be built now, the same as after this step: the learner overlaps its
+        bootstrap forward, the target network stays through this step, building it writes nothing into the
+        buffer (no in-batch reanalyze), and a next step is allowed."""
+        learner = self.learner
+        return (
+            self.cfg.learn.prefetch_next_batch
+            and learner.bootstrap_helper is not None
+            and learner.target_stays()
+            and self.reanalyze_count == 0
+            and learner.train_iter + 1 < self.cfg.max_train_iter
+        )
+
+    def _prefetch(self) -> None:
+        rng = copy.deepcopy(self.rng)
+        rng_before = self.rng.bit_generator.state
+        sample, batch = self.build_batch(rng, tick=False)
+        self._prefetched = Prefetched(
+            sample=sample,
+            batch=self.learner.start_bootstrap(batch),
+            buffer_version=self.buffer.version,
+            target_version=self.learner.target_version,
+            rng_before=rng_before,
+            rng_after=rng.bit_generator.state,
+        )
+
+    def _take_prefetched(self) -> tuple[SampledIndices, TrainBatch] | None:
+        """The batch built ahead, if nothing it was built on changed since (then its RNG state and clock
+        tick are taken); else None, and it is dropped."""
+        p, self._prefetched = self._prefetched, None
+        if p is None:
+            return None
+        if (
+            p.buffer_version != self.buffer.version
+            or p.target_version != self.learner.target_version
+            or self.rng.bit_generator.state != p.rng_before
+        ):
+            self._discard(p)
+            return None
+        self.buffer.tick(p.sample.make_time)
+        self.rng.bit_generator.state = p.rng_after
+        self.prefetch_stats["used"] += 1
+        return p.sample, p.batch
+
+    def settle(self) -> None:
+        """Wait for work started ahead on the learner's helper thread (a batch built ahead: its bootstrap
+        forward), e.g. so a benchmark's timing includes it; the batch stays for the next step."""
+        p = self._prefetched
+        if p is not None and isinstance(p.batch.bootstrap, PendingBootstrap):
+            p.batch.bootstrap.future.exception()  # waits; an error is raised where the batch is used
+
+    def drop_prefetched(self) -> None:
+        """Throw away a batch built ahead (the train budget ended: a policy hook or a push comes next)."""
+        p, self._prefetched = self._prefetched, None
+        if p is not None:
+            self._discard(p)
+
+    def _discard(self, p: Prefetched) -> None:
+        if isinstance(p.batch.bootstrap, PendingBootstrap):
+            p.batch.bootstrap.future.cancel()  # not started yet: skipped; running: it finishes, unread
+        self.prefetch_stats["discarded"] += 1
+
     def budget_done(self) -> None:
         """One collect's train budget finished: count it and run the policy hook."""
+        self.drop_prefetched()
         self.counters.train_epoch += 1
         self.policy.on_train_budget_done(self.learner.model, self.learner.target_model)
 
@@ -317,6 +419,7 @@ class DriverCore:
         return state
 
     def load_resume_state(self, state: dict) -> None:
+        self.drop_prefetched()
         self.learner.load_state_dict(state["learner"])
         for k, v in state["counters"].items():
             setattr(self.counters, k, v)

@@ -7,10 +7,13 @@ device -- network work belongs to the learner, the driver's thread keeps the boo
 ``learn.overlap_bootstrap`` it runs on a helper thread while the loss's forward runs on the caller's (the
 loss reads its value targets last); the values are the same, since the target network changes only after
 the step. ``learn.num_threads`` is the cores the step may use: torch's intra-op threads for the backward and
-the optimizer step, and for the loss's forward less the helper's one. ``learn.mixed_precision`` autocasts both
-forwards (bf16 on CUDA and on CPUs with native bf16); the weights, gradients and optimizer stay fp32.
-``state_dict()`` holds everything needed to continue exactly -- model, target model, optimizer, scheduler,
-train_iter and the RNG states of torch, numpy and Python -- and is loadable with
+the optimizer step, and for the loss's forward less the helper's one; ``learn.helper_ssl_encodings`` moves
+the last SSL target encodings there too (:mod:`~muzero_tune.pipeline.ssl_offload`), and ``after_forward``
+lets the driver start the next batch's bootstrap forward beside this step's backward (``DriverCore``'s
+prefetch; :meth:`Learner.target_stays` says when the target network allows it). ``learn.mixed_precision``
+autocasts both forwards (bf16 on CUDA and on CPUs with native bf16); the weights, gradients and optimizer
+stay fp32. ``state_dict()`` holds everything needed to continue exactly -- model, target model, optimizer,
+scheduler, train_iter and the RNG states of torch, numpy and Python -- and is loadable with
 ``torch.load(weights_only=True)``.
 """
 
@@ -21,7 +24,7 @@ import copy
 import random
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -30,6 +33,7 @@ import torch
 
 from muzero_tune.config import ConfigError, ConfigWarning, ExperimentConfig, LearnConfig
 from muzero_tune.models.layout import place_model
+from muzero_tune.pipeline.ssl_offload import SslOffload
 from muzero_tune.policies.base import Policy
 from muzero_tune.replay.targets import TrainBatch, resolve_bootstrap, start_bootstrap
 
@@ -235,23 +239,84 @@ class Learner:
         # bootstrap helper's one (at least one)
         self.backward_threads = lc.num_threads
         self.forward_threads = max(1, lc.num_threads - (self.bootstrap_helper is not None))
+        # learn.helper_ssl_encodings: the last SSL target encodings on the helper (None: all on this thread)
+        self.ssl_offload = self._make_ssl_offload()
+        self.target_version = 0  # counts the target network's changes (DriverCore's prefetch checks it)
 
-    def train_step(self, batch: TrainBatch) -> LearnOutput:
+    def _make_ssl_offload(self) -> SslOffload | None:
+        lc = self.cfg.learn
+        if lc.helper_ssl_encodings == 0 or lc.ssl_loss_weight == 0:
+            return None
+        if not self.policy.ssl_latent_seam:
+            raise ConfigError(
+                "learn.helper_ssl_encodings",
+                lc.helper_ssl_encodings,
+                f"policy.type={self.policy.name}'s loss computes its SSL targets itself; set it to 0",
+            )
+        helper = self.bootstrap_helper
+        if helper is None:  # validate() says so first; a learner built from an unvalidated config
+            raise ConfigError(
+                "learn.helper_ssl_encodings", lc.helper_ssl_encodings, "needs learn.overlap_bootstrap=true"
+            )
+
+        def in_context(fn):  # the loss thread's precision and intra-op threads: kernels round the same
+            with intra_op_threads(self.forward_threads):
+                return self.in_precision(fn)
+
+        return SslOffload(
+            self.model, count=lc.helper_ssl_encodings, submit=helper.submit, in_context=in_context
+        )
+
+    def start_bootstrap(self, batch: TrainBatch) -> TrainBatch:
+        """``batch`` with its deferred bootstrap forward started on the helper thread (as is without one)."""
+        helper = self.bootstrap_helper
+        if helper is None:
+            return batch
+        return start_bootstrap(batch, lambda fn: helper.submit(self.in_precision, fn))
+
+    def target_stays(self) -> bool:
+        """Whether the target network stays as it is through this step (no hard copy due, no soft update):
+        then a batch built now, the next one's bootstrap values included, is the one the next step would
+        build."""
+        lc = self.cfg.learn
+        return lc.target_update_tau == 0 and (self.train_iter + 1) % lc.target_update_interval != 0
+
+    def train_step(
+        self, batch: TrainBatch, *, after_forward: Callable[[np.ndarray], None] | None = None
+    ) -> LearnOutput:
         """One optimizer step on ``batch`` (its deferred bootstrap values first, with the target network as
-        it is before this step's update); updates the target network per its schedule."""
+        it is before this step's update); updates the target network per its schedule.
+
+        ``after_forward(priorities)``: called on this thread with the new priorities [B] float32 once the
+        loss's forward is done, before the backward (the driver writes them back and may build the next
+        batch there, its bootstrap forward then running on the helper beside this backward)."""
         lc = self.cfg.learn
         t0 = time.perf_counter()
-        # the target network's bootstrap forward, in the loss's precision: beside the loss's forward on the
-        # helper thread (autocast is per thread, so it is entered there), or first on this one
-        helper = self.bootstrap_helper
-        if helper is not None:
-            batch = start_bootstrap(batch, lambda fn: helper.submit(self.in_precision, fn))
-        else:
-            batch = self.in_precision(resolve_bootstrap, batch)
         if not self.model.training:  # Module.train() walks every submodule: only when it changes
             self.model.train()
-        with intra_op_threads(self.forward_threads):
-            out = self.in_precision(self.policy.compute_loss, self.model, batch, train_iter=self.train_iter)
+        kwargs = {}
+        pending = None
+        if self.ssl_offload is not None and batch.obs.shape[1] > 1:
+            # queued on the helper before this batch's bootstrap forward (the loss needs them mid-unroll, its
+            # value targets last), after it where the driver started that forward already
+            pending = self.ssl_offload.start(batch.obs, batch.actions.shape[1])
+            kwargs["ssl_latent"] = pending.latent
+        # the target network's bootstrap forward, in the loss's precision: beside the loss's forward on the
+        # helper thread (autocast is per thread, so it is entered there), or first on this one
+        if self.bootstrap_helper is not None:
+            batch = self.start_bootstrap(batch)
+        else:
+            batch = self.in_precision(resolve_bootstrap, batch)
+        try:
+            with intra_op_threads(self.forward_threads):
+                out = self.in_precision(
+                    self.policy.compute_loss, self.model, batch, train_iter=self.train_iter, **kwargs
+                )
+        finally:
+            if pending is not None:
+                pending.cancel()  # a no-op after a loss that took them all
+        if after_forward is not None:
+            after_forward(out.priorities)
         with intra_op_threads(self.backward_threads):
             self.optimizer.zero_grad(set_to_none=True)
             self._scaler.scale(out.loss).backward()
@@ -284,6 +349,9 @@ class Learner:
                     b_t.copy_(b)
         elif self.train_iter % lc.target_update_interval == 0:
             self.target_model.load_state_dict(self.model.state_dict())
+        else:
+            return
+        self.target_version += 1
 
     def weights_snapshot(self) -> dict[str, torch.Tensor]:
         """A CPU copy of the model weights (immutable snapshot for actors and evaluation)."""
@@ -304,6 +372,7 @@ class Learner:
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
         self.target_model.load_state_dict(state["target_model"])
+        self.target_version += 1
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if state.get("scaler"):

@@ -141,7 +141,8 @@ def train_muzero_segment(
                         core.buffer_reanalyze()
                     if step >= budget:
                         break
-                    core.train_step()
+                    # the next step's batch is built ahead only where that step follows at once
+                    core.train_step(prefetch_next=step + 1 < budget and plan.calls_at_step(step + 1) == 0)
                     if core.train_iter >= cfg.max_train_iter:
                         break
                 core.budget_done()

@@ -69,6 +69,9 @@ class Policy(ABC):
     name: str = ""
     # the EnvSpec.action_kind values ("discrete", "continuous") this policy type supports
     action_kinds: tuple[str, ...] = ("discrete",)
+    # compute_loss takes ``ssl_latent`` (the SSL targets' encodings of the learner's live model may run on
+    # its helper thread: learn.helper_ssl_encodings)
+    ssl_latent_seam: bool = False
 
     def __init__(self, cfg: ExperimentConfig, spec: EnvSpec):
         check_action_kind(type(self), spec, policy_type=self.name or type(self).__name__)
@@ -126,6 +129,11 @@ class Policy(ABC):
         defer_bootstrap: bool = False,
     ) -> TrainBatch:
         """Targets for a prioritized sample (bootstrap values from the target model).
+
+        Besides ``rng``'s draws, building a batch may change the buffer only through ``reanalyze_count`` > 0
+        (fresh search statistics written into the sampled segments): the driver builds the next batch ahead
+        of time (``learn.prefetch_next_batch``) only without it, and throws it away unused if anything
+        changed since.
 
         ``defer_bootstrap``: leave the target model's bootstrap values to the learner's step
         (``batch.bootstrap``, see :class:`~muzero_tune.replay.targets.Bootstrap`; the driver passes True);

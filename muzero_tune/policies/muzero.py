@@ -11,7 +11,7 @@ the gradient flowing back through each dynamics step is halved (MuZero paper, Ap
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
@@ -75,6 +75,7 @@ class MuZeroPolicy(Policy):
     """MuZero on discrete actions."""
 
     name = "muzero"
+    ssl_latent_seam = True
 
     def __init__(self, cfg, spec):
         super().__init__(cfg, spec)
@@ -309,7 +310,14 @@ class MuZeroPolicy(Policy):
         value-prefix LSTM state for EfficientZero)."""
         return model.recurrent_inference(latent, action), None
 
-    def compute_loss(self, model, batch: TrainBatch, *, train_iter: int) -> LossOutput:
+    def compute_loss(
+        self,
+        model,
+        batch: TrainBatch,
+        *,
+        train_iter: int,
+        ssl_latent: Callable[[int], torch.Tensor | None] | None = None,
+    ) -> LossOutput:
         """The training loss of one batch.
 
         Per sample, with steps k = 0 (root, s_0 = repr(o_t)) .. K (unrolled) and the root's weight
@@ -327,6 +335,9 @@ class MuZeroPolicy(Policy):
         ``_value`` / ``_reward`` / ``_ssl`` are the batch means of each term's (weighted) sum over the steps
         x 1/K, so with uniform IS weights ``train/loss_total`` = sum of weight x term (LightZero logs the
         sums without the 1/K: K x these figures).
+
+        ``ssl_latent(k)``: the SSL target latent of step k computed elsewhere (the learner's helper thread,
+        :class:`~muzero_tune.pipeline.ssl_offload.SslOffload`), or None to encode ``o_{t+k}`` here.
         """
         lc = self.cfg.learn
         dev = self._device(model)
@@ -364,7 +375,10 @@ class MuZeroPolicy(Policy):
             policy_logits.append(rec.policy_logits)
             if use_ssl:
                 with torch.no_grad():
-                    target_proj = model.project(model.represent(obs[:, k]), with_prediction_head=False)
+                    target_latent = ssl_latent(k) if ssl_latent is not None else None
+                    if target_latent is None:
+                        target_latent = model.represent(obs[:, k])
+                    target_proj = model.project(target_latent, with_prediction_head=False)
                 online = model.project(rec.latent, with_prediction_head=True)
                 cos = F.cosine_similarity(online, target_proj.detach(), dim=-1)
                 ssl_loss = ssl_loss + (-cos) * omask[:, k]

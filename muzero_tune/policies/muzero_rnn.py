@@ -119,6 +119,7 @@ class MuZeroRNNFullObsPolicy(CarriedStatePolicy):
     """MuZero with a GRU history carried over real observations (module docstring)."""
 
     name = "muzero_rnn_full_obs"
+    ssl_latent_seam = False  # its loss runs on a history-replaying wrapper of the model
 
     # ---------------------------------------------------------------- model and acting
 

@@ -43,6 +43,7 @@ class StochasticMuZeroPolicy(MuZeroPolicy):
     """Stochastic MuZero on discrete actions with a learned chance encoder."""
 
     name = "stochastic_muzero"
+    ssl_latent_seam = False  # its own loss
 
     def _make_search(self):
         return StochasticMuZeroSearch(num_chances=self.cfg.policy.chance_space_size, **self._search_knobs())

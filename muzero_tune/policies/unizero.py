@@ -99,6 +99,7 @@ class UniZeroPolicy(MuZeroPolicy):
     """UniZero on discrete actions (module docstring)."""
 
     name = "unizero"
+    ssl_latent_seam = False  # its own loss
 
     def __init__(self, cfg, spec):
         super().__init__(cfg, spec)

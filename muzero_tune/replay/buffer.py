@@ -16,11 +16,15 @@ Storage: frames are stored once (:mod:`~muzero_tune.replay.frames`); each segmen
 
 Time: a logical clock ticks on every sample and every eviction. A sample records ``make_time``; an
 eviction records ``clear_time``. A priority write-back whose ``make_time`` is older than the last
-eviction is dropped whole, since its flat indices may have shifted.
+eviction is dropped whole, since its flat indices may have shifted. ``version`` changes with every change
+of what a sample draws or builds from (push, eviction, priorities, a clock tick, a load, and -- told through
+:meth:`mark_changed` -- statistics written into stored segments): a batch built ahead of time is used only
+if the version is the one it was built at.
 """
 
 from __future__ import annotations
 
+import itertools
 import warnings
 from dataclasses import dataclass
 
@@ -30,6 +34,8 @@ from muzero_tune.replay.frames import FrameDeduplicator, FrameRef
 from muzero_tune.replay.growable import Growable, SumTreeArray
 from muzero_tune.replay.segment import GameSegment
 from muzero_tune.replay.steps import STAT, ColumnStore, StepRows, column_signature, segment_columns
+
+_VERSIONS = itertools.count()  # ReplayBuffer.version: one sequence for every buffer in the process
 
 
 @dataclass(frozen=True)
@@ -85,6 +91,7 @@ class ReplayBuffer:
         self.base_idx = 0  # segments evicted so far
         self.clock = 0
         self.clear_time = 0
+        self.version = next(_VERSIONS)  # unique over every buffer and load: see the module docstring
         self.pushed_transitions = 0
         self.evicted_transitions = 0
         self.pushed_segments = 0
@@ -154,7 +161,13 @@ class ReplayBuffer:
         self.pushed_transitions += added
         self.pushed_segments += len(segments)
         self.evict_to_fit()
+        self.mark_changed()
         return added
+
+    def mark_changed(self) -> None:
+        """A new ``version``: the buffer changed, or (called by whoever wrote them) its segments' stored
+        statistics did."""
+        self.version = next(_VERSIONS)
 
     def _store_steps(self, seg: GameSegment) -> None:
         """Copy a segment's per-step arrays and frame ids into the column blocks; point the segment at them.
@@ -268,6 +281,7 @@ class ReplayBuffer:
         idx = np.asarray(flat_index)
         self._priority.view[idx] = np.maximum(pri, 1e-8)
         self._pri_alpha.assign(idx, self._priority.view[idx] ** self.alpha)  # duplicates: the stored value
+        self.mark_changed()
         return len(pri)
 
     # ------------------------------------------------------------------ sampling
@@ -290,8 +304,11 @@ class ReplayBuffer:
         w = (n * probs[flat]) ** (-self.beta)
         return flat, (w / w.max()).astype(np.float32)
 
-    def sample(self, batch_size: int, rng: np.random.Generator) -> SampledIndices:
-        """Draw ``batch_size`` transitions with probability P(i) (with replacement)."""
+    def sample(self, batch_size: int, rng: np.random.Generator, *, tick: bool = True) -> SampledIndices:
+        """Draw ``batch_size`` transitions with probability P(i) (with replacement).
+
+        ``tick=False`` leaves the clock (and ``version``) as they are: a draw made ahead of time, whose
+        ``make_time`` is the next tick; :meth:`tick` takes it when the draw is used."""
         n = self.num_transitions
         if n == 0:
             raise ValueError("sample() from an empty replay buffer")
@@ -310,12 +327,21 @@ class ReplayBuffer:
             w = np.ones(batch_size, dtype=np.float32)  # (N * 1/N)^-beta, normalised
         seg_idx, pos = self.lookup(flat)
         segs = tuple(map(self.segments.__getitem__, (seg_idx - self.base_idx).tolist()))
-        self.clock += 1
+        make_time = self.clock + 1
+        if tick:
+            self.tick(make_time)
         rows = self._rows(seg_idx, segs[0].frame_stack)
         return SampledIndices(
-            flat_index=flat, segments=segs, positions=pos, weights=w, make_time=self.clock, rows=rows,
+            flat_index=flat, segments=segs, positions=pos, weights=w, make_time=make_time, rows=rows,
             age_transitions=(n - 1 - flat).astype(np.int64),  # flat indices run oldest -> newest
         )
+
+    def tick(self, make_time: int) -> None:
+        """Advance the clock to ``make_time``, a draw's (the next tick: nothing may have ticked since)."""
+        if make_time != self.clock + 1:
+            raise RuntimeError(f"a draw made at clock {make_time - 1} taken at clock {self.clock}")
+        self.clock = make_time
+        self.mark_changed()
 
     def sample_oldest(
         self, count: int, partition: float, rng: np.random.Generator
@@ -386,3 +412,4 @@ class ReplayBuffer:
         shift = int(state["base_idx"]) - self.base_idx
         self.base_idx += shift
         self._seg_idx.view[:] += shift
+        self.mark_changed()

@@ -1,0 +1,87 @@
+"""Full learner steps of one preset under several settings, side by side, optionally beside a busy process.
+
+    python scripts/bench_learner_variants.py --preset pong_muzero --set learn.batch_size=32 \
+        --variant "serial:learn.prefetch_next_batch=false" --variant "ssl2:learn.helper_ssl_encodings=2"
+    python scripts/bench_learner_variants.py --preset pong_muzero --set learn.batch_size=32 \
+        --variant "threads2:learn.num_threads=2" --busy-process
+    python scripts/bench_learner_variants.py --steps 10 --variant "noprefetch:learn.prefetch_next_batch=false"
+
+One driver per variant -- the preset with ``--set`` (the ``base`` variant) and each ``--variant NAME:KEY=VALUE
+[,KEY=VALUE...]`` on top of it -- the same seed and data, each taking ``--steps`` full train steps (sample,
+targets, loss, backward, step, write-back, and the work a step starts ahead for the next) in turn over
+interleaved rounds. Printed: each variant's median step and its median per-round speed-up over ``base``
+(>1: faster) with the spread. ``--busy-process`` runs a second process that spins on a core for the whole
+measurement, as a collector actor does beside an async learner on a 2-core machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+
+import numpy as np
+from bench_common import add_preset_args, filled_core, interleaved_train_steps, preset_overrides
+
+from muzero_tune.config import parse_set_args
+from muzero_tune.pipeline.core import setup_torch_threads
+
+
+def spin(stop) -> None:
+    """Busy-loop on one core until ``stop`` is set (the stand-in for a collector actor's work)."""
+    while not stop.is_set():
+        sum(range(10_000))
+
+
+def parse_variant(text: str) -> tuple[str, dict]:
+    """``NAME:KEY=VALUE[,KEY=VALUE...]`` -> (name, overrides)."""
+    name, sep, settings = text.partition(":")
+    if not sep or not name or not settings:
+        raise SystemExit(f"--variant {text!r}: expected NAME:KEY=VALUE[,KEY=VALUE...]")
+    return name, parse_set_args(settings.split(","))
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_preset_args(p)
+    p.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=VALUE[,...]")
+    p.add_argument("--steps", type=int, default=2, help="train steps per driver per round")
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--busy-process", action="store_true", help="a second process spins on a core meanwhile")
+    args = p.parse_args(argv)
+    if not args.variant:
+        raise SystemExit("give at least one --variant to compare with the base settings")
+    setup_torch_threads()
+    overrides = preset_overrides(args)
+    variants = {"base": {}, **dict(parse_variant(v) for v in args.variant)}
+    cores = {name: filled_core(args.preset, {**overrides, **extra}) for name, extra in variants.items()}
+    stop = mp.Event()
+    busy = mp.Process(target=spin, args=(stop,), daemon=True) if args.busy_process else None
+    if busy is not None:
+        busy.start()
+    try:  # the warm-up steps (traces, allocator, OpenMP's team) then the timed rounds
+        per_round = interleaved_train_steps(cores, rounds=args.rounds, steps=args.steps)
+    finally:
+        stop.set()
+        if busy is not None:
+            busy.join()
+    cfg = cores["base"].cfg
+    print(f"preset={args.preset} batch={cfg.learn.batch_size} busy_process={args.busy_process} "
+          f"base: {' '.join(args.overrides) or '(preset)'}; {args.rounds} rounds x {args.steps} steps, "
+          f"interleaved (load {os.getloadavg()[0]:.2f} at the end)")  # fmt: skip
+    base = np.asarray(per_round["base"])
+    for name, extra in variants.items():
+        t = np.asarray(per_round[name])
+        line = f"  {name:12s} {1e3 * np.median(t):8.2f} ms per step"
+        if name != "base":
+            r = base / t
+            settings = ",".join(f"{k}={v}" for k, v in extra.items())
+            line += f"  speed-up over base {np.median(r):.2f} (per round {r.min():.2f}-{r.max():.2f})"
+            line += f"  [{settings}]"
+        stats = cores[name].prefetch_stats
+        line += f"  batches built ahead: {stats['used']} used, {stats['discarded']} discarded"
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
