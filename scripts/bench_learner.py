@@ -98,22 +98,28 @@ def main(argv: list[str] | None = None) -> None:
         t0 = clock()
         for _ in range(n):
             fn()
+        core.settle()  # the work a full step started ahead for the next (learn.prefetch_next_batch) counts
         return (clock() - t0) / n
 
-    def build():  # the driver's side of a batch: the bootstrap values are left to the learner's step
-        core.build_batch()
+    # the other variants draw with their own generator and leave the buffer's clock, so the batch a full
+    # step built ahead stays valid for the next round's first full step, as within a train budget
+    bench_rng = np.random.default_rng(1)
 
-    _, deferred = core.build_batch()
+    def build():  # the driver's side of a batch: the bootstrap values are left to the learner's step
+        core.build_batch(bench_rng, tick=False)
+
+    _, deferred = core.build_batch(bench_rng, tick=False)
 
     amp = core.learner.autocast_dtype  # the learner's precision (learn.mixed_precision), None: fp32
     helper = core.learner.bootstrap_helper
 
-    def serial_step():  # the learner step with its bootstrap forward first, on this thread
-        core.learner.bootstrap_helper = None
+    def serial_step():  # the learner step with its bootstrap forward first and the SSL targets on this thread
+        learner, offload = core.learner, core.learner.ssl_offload
+        learner.bootstrap_helper, learner.ssl_offload = None, None
         try:
-            core.train_step()
+            learner.train_step(core.build_batch(bench_rng, tick=False)[1])
         finally:
-            core.learner.bootstrap_helper = helper
+            learner.bootstrap_helper, learner.ssl_offload = helper, offload
 
     def fixed_step():
         with torch.autocast(model_dev, dtype=amp or torch.float32, enabled=amp is not None):
@@ -161,13 +167,16 @@ def main(argv: list[str] | None = None) -> None:
 
     f, b, x, t, v = med["full"], med["bare"], med["fixed"], med["targets"], med["bootstrap"]
     precision = "fp32" if amp is None else f"autocast {str(amp).removeprefix('torch.')}"
-    print(f"preset={args.preset} batch={bs} K={k} model={cfg.model.kind} ssl={cfg.learn.ssl_loss_weight > 0} "
-          f"precision={precision} overlap_bootstrap={helper is not None} num_threads={threads}")  # fmt: skip
+    lc = cfg.learn
+    print(f"preset={args.preset} batch={bs} K={k} model={cfg.model.kind} ssl={lc.ssl_loss_weight > 0} "
+          f"precision={precision} overlap_bootstrap={helper is not None} num_threads={threads} "
+          f"helper_ssl_encodings={lc.helper_ssl_encodings} "
+          f"prefetch_next_batch={lc.prefetch_next_batch}")  # fmt: skip
     print(f"  rounds={args.rounds} x {args.steps} steps per variant, interleaved, {args.clock} clock; "
           f"medians (load {os.getloadavg()[0]:.2f} at the end):")  # fmt: skip
     print(f"  full learner step     : {1e3 * f:8.2f} ms  -> {1 / f:7.1f} train steps/s")
     if "serial" in med:
-        print(f"  full step, bootstrap forward first on this thread: {1e3 * med['serial']:8.2f} ms")
+        print(f"  full step, nothing on the helper thread: {1e3 * med['serial']:8.2f} ms")
     print(f"  bare forward+backward ({precision}): {1e3 * b:8.2f} ms  -> {1 / b:7.1f} steps/s")
     if "bare_fp32" in med:
         print(f"  bare forward+backward (fp32): {1e3 * med['bare_fp32']:8.2f} ms")
@@ -185,6 +194,8 @@ def main(argv: list[str] | None = None) -> None:
     if "bare_threads" in med:
         print(f"  against the bare step on {threads} threads (bare / full): {ratio('bare_threads', 'full')}")
     print(f"  learner efficiency without data (fixed-batch loss step / full): {ratio('fixed', 'full')}")
+    print(f"  batches built ahead by full steps: {core.prefetch_stats['used']} used, "
+          f"{core.prefetch_stats['discarded']} discarded")  # fmt: skip
     if args.flops:
         gf = {
             "bare": count_flops(lambda: bare_step(model, opt, obs, actions, k, amp)),

@@ -96,6 +96,37 @@ def test_resume_continues_counters_exactly(run):
     assert s2.env_steps >= summary.env_steps + 200
 
 
+def test_building_batches_ahead_leaves_the_run_unchanged(run, tmp_path):
+    """``learn.prefetch_next_batch`` (on in ``run``) only moves work: the same run without it takes the same
+    train steps, evaluates the same rewards and ends with the same weights, bit for bit."""
+    cfg, summary, run_dir = run
+    off = make_config(
+        "cartpole_muzero",
+        overrides={
+            **SMALL,
+            "logging.output_dir": str(tmp_path),
+            "exp_name": "t",
+            "learn.prefetch_next_batch": False,
+        },
+    )
+    assert cfg.learn.prefetch_next_batch and not off.learn.prefetch_next_batch
+    s_off = train_muzero_segment(off)
+    assert (s_off.env_steps, s_off.train_iter) == (summary.env_steps, summary.train_iter)
+    assert [e["reward_mean"] for e in s_off.evals] == [e["reward_mean"] for e in summary.evals]
+    on_state = torch.load(latest_checkpoint(run_dir), weights_only=False)
+    off_state = torch.load(latest_checkpoint(str(tmp_path / "t")), weights_only=False)
+    for part in ("model", "target_model", "optimizer"):
+        a, b = on_state["resume"]["learner"][part], off_state["resume"]["learner"][part]
+        if part == "optimizer":
+            a, b = a["state"], b["state"]
+            a = {f"{i}.{k}": v for i, st in a.items() for k, v in st.items()}
+            b = {f"{i}.{k}": v for i, st in b.items() for k, v in st.items()}
+        assert a.keys() == b.keys() and a
+        for key in a:
+            assert torch.equal(torch.as_tensor(a[key]), torch.as_tensor(b[key])), (part, key)
+    assert on_state["resume"]["driver_rng"] == off_state["resume"]["driver_rng"]
+
+
 def test_sync_pipeline_never_starts_ray(tmp_path):
     code = (
         "import sys; from muzero_tune.config import make_config;"
@@ -121,8 +152,10 @@ def test_cli_train_smoke(tmp_path, capsys):
 def test_continuous_env_with_a_discrete_policy_fails_clearly(tmp_path):
     from muzero_tune.config import ConfigError
 
-    cfg = make_config("cartpole_muzero", overrides={**SMALL, "env.env_id": "Pendulum-v1",
-                                                    "logging.output_dir": str(tmp_path)})
+    cfg = make_config(
+        "cartpole_muzero",
+        overrides={**SMALL, "env.env_id": "Pendulum-v1", "logging.output_dir": str(tmp_path)},
+    )
     with pytest.raises(ConfigError, match="continuous actions"):
         train_muzero_segment(cfg)
     assert not os.path.exists(os.path.join(str(tmp_path), cfg.exp_name))
@@ -148,16 +181,28 @@ class UnitActionPolicy(Policy):
         b = obs.shape[0]
         actions = self.spec.random_actions(rng, (b,))
         zeros = np.zeros(b, np.float32)
-        stats = {"child_visits": np.ones((b, 1), np.float32), "sampled_actions": actions[:, None].copy(),
-                 "root_value": zeros, "legal_mask": legal_mask}
+        stats = {
+            "child_visits": np.ones((b, 1), np.float32),
+            "sampled_actions": actions[:, None].copy(),
+            "root_value": zeros,
+            "legal_mask": legal_mask,
+        }
         return ActOutput(actions=actions, step_stats=stats, root_value=zeros, predicted_value=zeros)
 
     def make_batch(self, sample, *, target_model, rng, reanalyze_count=0, defer_bootstrap=False):
         rc = self.cfg.replay
-        return make_batch(sample, num_unroll_steps=rc.num_unroll_steps, td_steps=rc.td_steps,
-                          discount=0.97, num_actions=self.spec.num_actions, action_dim=self.spec.action_dim,
-                          value_fn=lambda obs: np.zeros(len(obs), np.float32), rng=rng, all_obs=False,
-                          extra_stats=("sampled_actions",))
+        return make_batch(
+            sample,
+            num_unroll_steps=rc.num_unroll_steps,
+            td_steps=rc.td_steps,
+            discount=0.97,
+            num_actions=self.spec.num_actions,
+            action_dim=self.spec.action_dim,
+            value_fn=lambda obs: np.zeros(len(obs), np.float32),
+            rng=rng,
+            all_obs=False,
+            extra_stats=("sampled_actions",),
+        )
 
     def reanalyze(self, target_model, obs, legal_mask, rng):
         raise AssertionError("reanalyze is not configured in this test")
@@ -171,8 +216,11 @@ class UnitActionPolicy(Policy):
         pred = model(torch.cat([obs, acts], dim=1)).squeeze(-1)
         per = (pred - torch.as_tensor(batch.target_value[:, 0])) ** 2
         loss = (torch.as_tensor(batch.weights) * per).mean()
-        return LossOutput(loss=loss, per_sample_loss=per.detach(),
-                          priorities=(per.detach().numpy() + 1e-3).astype(np.float32))
+        return LossOutput(
+            loss=loss,
+            per_sample_loss=per.detach(),
+            priorities=(per.detach().numpy() + 1e-3).astype(np.float32),
+        )
 
 
 def test_continuous_sync_run_trains_and_checkpoints_unit_actions(tmp_path, monkeypatch):
@@ -180,12 +228,23 @@ def test_continuous_sync_run_trains_and_checkpoints_unit_actions(tmp_path, monke
     type: the learner gets [B, K, D] float32 actions, the checkpoint (with its replay buffer) holds [M, D]
     float32 actions in [-1, 1], and its evaluated snapshot re-evaluates to the reported reward."""
     monkeypatch.setitem(registry._IMPLEMENTED, "sampled_muzero", f"{__name__}:UnitActionPolicy")
-    cfg = make_config("cartpole_muzero", overrides={
-        **SMALL, "env.env_id": "Pendulum-v1", "policy.type": "sampled_muzero", "max_env_step": 300,
-        "env.max_episode_steps": 50, "eval.eval_freq": 10, "tune.save_replay_buffer": True,
-        "replay.buffer_reanalyze_freq": 0, "replay.reanalyze_ratio": 0.0, "learn.batch_size": 16,
-        "logging.output_dir": str(tmp_path), "exp_name": "cont",
-    })
+    cfg = make_config(
+        "cartpole_muzero",
+        overrides={
+            **SMALL,
+            "env.env_id": "Pendulum-v1",
+            "policy.type": "sampled_muzero",
+            "max_env_step": 300,
+            "env.max_episode_steps": 50,
+            "eval.eval_freq": 10,
+            "tune.save_replay_buffer": True,
+            "replay.buffer_reanalyze_freq": 0,
+            "replay.reanalyze_ratio": 0.0,
+            "learn.batch_size": 16,
+            "logging.output_dir": str(tmp_path),
+            "exp_name": "cont",
+        },
+    )
     summary = train_muzero_segment(cfg)
     assert summary.train_iter > 0
     k = cfg.replay.num_unroll_steps
@@ -207,12 +266,23 @@ def test_continuous_async_local_mode_carries_unit_actions(tmp_path, monkeypatch)
 
     monkeypatch.setitem(registry._IMPLEMENTED, "sampled_muzero", f"{__name__}:UnitActionPolicy")
     monkeypatch.setattr(UnitActionPolicy, "seen_batch_actions", [])
-    cfg = make_config("cartpole_muzero", overrides={
-        **SMALL, "env.env_id": "Pendulum-v1", "policy.type": "sampled_muzero", "max_env_step": 300,
-        "env.max_episode_steps": 50, "eval.eval_freq": 10, "replay.buffer_reanalyze_freq": 0,
-        "replay.reanalyze_ratio": 0.0, "learn.batch_size": 16, "logging.output_dir": str(tmp_path),
-        "policy.async_pipeline.enabled": True, "policy.async_pipeline.ray_local_mode": True,
-    })
+    cfg = make_config(
+        "cartpole_muzero",
+        overrides={
+            **SMALL,
+            "env.env_id": "Pendulum-v1",
+            "policy.type": "sampled_muzero",
+            "max_env_step": 300,
+            "env.max_episode_steps": 50,
+            "eval.eval_freq": 10,
+            "replay.buffer_reanalyze_freq": 0,
+            "replay.reanalyze_ratio": 0.0,
+            "learn.batch_size": 16,
+            "logging.output_dir": str(tmp_path),
+            "policy.async_pipeline.enabled": True,
+            "policy.async_pipeline.ray_local_mode": True,
+        },
+    )
     out: list = []
     summary = train_muzero_segment_async(cfg, reporter=MemoryReporter(), driver_out=out)
     assert summary.stop_reason == "max_env_step" and summary.train_iter > 0 and summary.evals

@@ -247,17 +247,15 @@ class Learner:
         lc = self.cfg.learn
         if lc.helper_ssl_encodings == 0 or lc.ssl_loss_weight == 0:
             return None
-        if not self.policy.ssl_latent_seam:
+        if not self.policy.ssl_latent_seam:  # before anything runs: the driver builds the learner first
             raise ConfigError(
                 "learn.helper_ssl_encodings",
                 lc.helper_ssl_encodings,
                 f"policy.type={self.policy.name}'s loss computes its SSL targets itself; set it to 0",
             )
         helper = self.bootstrap_helper
-        if helper is None:  # validate() says so first; a learner built from an unvalidated config
-            raise ConfigError(
-                "learn.helper_ssl_encodings", lc.helper_ssl_encodings, "needs learn.overlap_bootstrap=true"
-            )
+        if helper is None:  # learn.overlap_bootstrap=false: no helper thread (validate() warns)
+            return None
 
         def in_context(fn):  # the loss thread's precision and intra-op threads: kernels round the same
             with intra_op_threads(self.forward_threads):
