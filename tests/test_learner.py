@@ -32,8 +32,14 @@ from muzero_tune.replay.segment import GameSegment
 B = 16
 K = 3
 TD = 3
-SPEC = EnvSpec(env_id="CartPole-v1", frame_shape=(4,), frame_dtype="float32", frame_stack=1, num_actions=2,
-               action_kind="discrete")
+SPEC = EnvSpec(
+    env_id="CartPole-v1",
+    frame_shape=(4,),
+    frame_dtype="float32",
+    frame_stack=1,
+    num_actions=2,
+    action_kind="discrete",
+)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -345,8 +351,14 @@ def test_state_dict_restores_rng_states(cfg):
 
 
 def test_piecewise_lr_schedule(batches):
-    cfg = small_cfg(**{"learn.optimizer": "sgd", "learn.learning_rate": 0.2, "learn.lr_milestones": (2, 4),
-                       "learn.lr_decay_factor": 0.1})
+    cfg = small_cfg(
+        **{
+            "learn.optimizer": "sgd",
+            "learn.learning_rate": 0.2,
+            "learn.lr_milestones": (2, 4),
+            "learn.lr_decay_factor": 0.1,
+        }
+    )
     lc = cfg.learn
     # factor 1 before the first milestone, x0.1 from step 2, x0.01 from step 4
     assert [lr_factor(lc, s) for s in range(7)] == pytest.approx([1, 1, 0.1, 0.1, 0.01, 0.01, 0.01])
@@ -357,9 +369,17 @@ def test_piecewise_lr_schedule(batches):
         out = learner.train_step(b)
         assert out.metrics["train/lr"] == pytest.approx(0.2 * lr_factor(lc, s + 1))
     # the lr really is what the optimizer used: one SGD step (no momentum, no decay) moves by lr * grad
-    cfg2 = small_cfg(**{"learn.optimizer": "sgd", "learn.learning_rate": 0.2, "learn.momentum": 0.0,
-                        "learn.weight_decay": 0.0, "learn.lr_milestones": (1, 4),
-                        "learn.lr_decay_factor": 0.1, "learn.grad_clip_norm": 1e9})
+    cfg2 = small_cfg(
+        **{
+            "learn.optimizer": "sgd",
+            "learn.learning_rate": 0.2,
+            "learn.momentum": 0.0,
+            "learn.weight_decay": 0.0,
+            "learn.lr_milestones": (1, 4),
+            "learn.lr_decay_factor": 0.1,
+            "learn.grad_clip_norm": 1e9,
+        }
+    )
     ln = Learner(cfg2, MuZeroPolicy(cfg2, SPEC))
     ln.train_step(batches[0])  # step 1 at lr 0.2; the schedule drops it to 0.02 for step 2
     assert ln.optimizer.param_groups[0]["lr"] == pytest.approx(0.02)
@@ -390,8 +410,13 @@ def test_loss_scale_of_the_root_terms(batches, convention, root_scale):
     from muzero_tune.models import scalar_to_target
     from muzero_tune.policies.muzero import soft_cross_entropy
 
-    cfg = small_cfg(**{"learn.value_loss_weight": 0.25, "learn.policy_loss_weight": 1.0,
-                       "learn.unroll_loss_scale": convention})
+    cfg = small_cfg(
+        **{
+            "learn.value_loss_weight": 0.25,
+            "learn.policy_loss_weight": 1.0,
+            "learn.unroll_loss_scale": convention,
+        }
+    )
     policy = MuZeroPolicy(cfg, SPEC)
     torch.manual_seed(0)
     model = policy.build_model()
@@ -402,18 +427,18 @@ def test_loss_scale_of_the_root_terms(batches, convention, root_scale):
     def grads(loss):
         model.zero_grad(set_to_none=True)
         loss.backward()
-        return torch.cat([
-            (p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in model.parameters()
-        ])
+        return torch.cat(
+            [(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in model.parameters()]
+        )
 
     ours = grads(policy.compute_loss(model, batch, train_iter=0).loss)
     root = model.initial_inference(torch.as_tensor(batch.obs[:, 0]))
     tv0 = scalar_to_target(torch.as_tensor(batch.target_value[:, 0]), support_size=model.value_support_size)
-    plain = (
-        soft_cross_entropy(root.policy_logits, torch.as_tensor(batch.target_policy[:, 0]))
-        * torch.as_tensor(batch.policy_mask[:, 0])
-        + 0.25 * soft_cross_entropy(root.value_logits, tv0) * torch.as_tensor(batch.value_mask[:, 0])
-    )
+    plain = soft_cross_entropy(
+        root.policy_logits, torch.as_tensor(batch.target_policy[:, 0])
+    ) * torch.as_tensor(batch.policy_mask[:, 0]) + 0.25 * soft_cross_entropy(
+        root.value_logits, tv0
+    ) * torch.as_tensor(batch.value_mask[:, 0])
     unscaled = grads((torch.as_tensor(w) * plain).mean())
     assert unscaled.norm() > 0
     torch.testing.assert_close(ours, unscaled * root_scale, rtol=1e-4, atol=1e-7)
@@ -575,14 +600,22 @@ def test_mixed_precision_without_native_bf16_warns_and_runs_fp32(monkeypatch):
     assert learner.autocast_dtype is None
 
 
+@pytest.mark.parametrize("prefetch", [True, False])
 @pytest.mark.parametrize("overlap", [True, False])
-def test_num_threads_sets_the_steps_intra_op_threads_and_restores_the_callers(overlap):
-    """``learn.num_threads=2``: the backward runs on 2 intra-op threads, the loss's forward on 2 less the
-    bootstrap helper's one; the caller's count (1 here) is back after every step, and the step is
+def test_num_threads_sets_the_steps_intra_op_threads_and_restores_the_callers(overlap, prefetch):
+    """``learn.num_threads=2``: the loss's forward runs on 2 intra-op threads less the bootstrap helper's one,
+    the backward on 2 -- or on 1 too where the helper works beside it (the next batch's bootstrap forward,
+    ``learn.prefetch_next_batch``); the caller's count (1 here) is back after every step, and the step is
     deterministic at that count (two learners from one seed end bit-identical)."""
     runs = []
     for _ in range(2):
-        cfg = small_cfg(**{"learn.num_threads": 2, "learn.overlap_bootstrap": overlap})
+        cfg = small_cfg(
+            **{
+                "learn.num_threads": 2,
+                "learn.overlap_bootstrap": overlap,
+                "learn.prefetch_next_batch": prefetch,
+            }
+        )
         learner = Learner(cfg, MuZeroPolicy(cfg, SPEC))
         seen: dict[str, list[int]] = {"forward": [], "backward": []}
         loss_fn = learner.policy.compute_loss
@@ -601,6 +634,6 @@ def test_num_threads_sets_the_steps_intra_op_threads_and_restores_the_callers(ov
             assert torch.get_num_threads() == 1
             assert np.isfinite(out.metrics["train/loss_total"])
         assert seen["forward"] == [1 if overlap else 2] * 4
-        assert seen["backward"] == [2] * 4
+        assert seen["backward"] == [1 if overlap and prefetch else 2] * 4
         runs.append(params(learner.model))
     assert_same(runs[0], runs[1])

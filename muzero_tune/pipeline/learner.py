@@ -6,8 +6,9 @@ buffer), priorities go out. A batch may leave its value targets' bootstrap term 
 device -- network work belongs to the learner, the driver's thread keeps the bookkeeping. With
 ``learn.overlap_bootstrap`` it runs on a helper thread while the loss's forward runs on the caller's (the
 loss reads its value targets last); the values are the same, since the target network changes only after
-the step. ``learn.num_threads`` is the cores the step may use: torch's intra-op threads for the backward and
-the optimizer step, and for the loss's forward less the helper's one; ``learn.helper_ssl_encodings`` moves
+the step. ``learn.num_threads`` is the cores the step may use: torch's intra-op threads for the loss's
+forward less the helper's one, and for the backward and the optimizer step all of them (less the helper's
+one, too, where the helper works beside the backward); ``learn.helper_ssl_encodings`` moves
 the last SSL target encodings there too (:mod:`~muzero_tune.pipeline.ssl_offload`), and ``after_forward``
 lets the driver start the next batch's bootstrap forward beside this step's backward (``DriverCore``'s
 prefetch; :meth:`Learner.target_stays` says when the target network allows it). ``learn.mixed_precision``
@@ -235,10 +236,14 @@ class Learner:
         # learn.overlap_bootstrap: one helper thread for the target network's bootstrap forward (None: the
         # forward runs first, on the caller's thread)
         self.bootstrap_helper = torch_thread_pool("learner-bootstrap") if lc.overlap_bootstrap else None
-        # learn.num_threads: the backward and optimizer step get them all, the loss's forward all but the
-        # bootstrap helper's one (at least one)
-        self.backward_threads = lc.num_threads
-        self.forward_threads = max(1, lc.num_threads - (self.bootstrap_helper is not None))
+        # learn.num_threads: the loss's forward gets all but the bootstrap helper's one (at least one), and so
+        # does the backward where the helper works beside it too (the driver's next batch's bootstrap forward:
+        # learn.prefetch_next_batch); else the backward and optimizer step get them all. Set by the config,
+        # never by whether a step had a batch built ahead, so the gradients round the same either way
+        helper_threads = int(self.bootstrap_helper is not None)
+        self.forward_threads = max(1, lc.num_threads - helper_threads)
+        busy_beside_backward = helper_threads and lc.prefetch_next_batch
+        self.backward_threads = self.forward_threads if busy_beside_backward else lc.num_threads
         # learn.helper_ssl_encodings: the last SSL target encodings on the helper (None: all on this thread)
         self.ssl_offload = self._make_ssl_offload()
         self.target_version = 0  # counts the target network's changes (DriverCore's prefetch checks it)
