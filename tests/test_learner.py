@@ -533,7 +533,8 @@ def test_the_learner_helper_thread_runs_torch_on_the_callers_thread_count():
                 torch.mm(a, b)
 
         if (os.cpu_count() or 1) > 1:  # the defect this guards against shows where there is a second core
-            assert _os_threads_started_by(ThreadPoolExecutor(max_workers=1), matmuls)
+            # not on every new thread: OpenMP may hand one idle threads of an earlier team (2 of 20 here)
+            assert any(_os_threads_started_by(ThreadPoolExecutor(max_workers=1), matmuls) for _ in range(5))
         assert _os_threads_started_by(torch_thread_pool("test-helper"), matmuls) == set()
         cfg = small_cfg(**{"learn.overlap_bootstrap": True})
         learner = Learner(cfg, MuZeroPolicy(cfg, SPEC))
