@@ -266,6 +266,7 @@ class ReplayBuffer:
             self.clock += 1
             self.clear_time = self.clock
             self.evicted_transitions += n_tr
+            self.mark_changed()
         return n_tr
 
     def update_priorities(self, flat_index: np.ndarray, priorities: np.ndarray, make_time: int) -> int:
