@@ -223,6 +223,20 @@ class UnitActionPolicy(Policy):
         )
 
 
+# Pendulum with the test's continuous policy standing in for sampled_muzero (no reanalyze: it has no search)
+PENDULUM_UNIT = {
+    **SMALL,
+    "env.env_id": "Pendulum-v1",
+    "policy.type": "sampled_muzero",
+    "max_env_step": 300,
+    "env.max_episode_steps": 50,
+    "eval.eval_freq": 10,
+    "replay.buffer_reanalyze_freq": 0,
+    "replay.reanalyze_ratio": 0.0,
+    "learn.batch_size": 16,
+}
+
+
 def test_continuous_sync_run_trains_and_checkpoints_unit_actions(tmp_path, monkeypatch):
     """Pendulum through the whole sync pipeline with a continuous test policy standing in for a sampled
     type: the learner gets [B, K, D] float32 actions, the checkpoint (with its replay buffer) holds [M, D]
@@ -231,16 +245,8 @@ def test_continuous_sync_run_trains_and_checkpoints_unit_actions(tmp_path, monke
     cfg = make_config(
         "cartpole_muzero",
         overrides={
-            **SMALL,
-            "env.env_id": "Pendulum-v1",
-            "policy.type": "sampled_muzero",
-            "max_env_step": 300,
-            "env.max_episode_steps": 50,
-            "eval.eval_freq": 10,
+            **PENDULUM_UNIT,
             "tune.save_replay_buffer": True,
-            "replay.buffer_reanalyze_freq": 0,
-            "replay.reanalyze_ratio": 0.0,
-            "learn.batch_size": 16,
             "logging.output_dir": str(tmp_path),
             "exp_name": "cont",
         },
@@ -269,15 +275,7 @@ def test_continuous_async_local_mode_carries_unit_actions(tmp_path, monkeypatch)
     cfg = make_config(
         "cartpole_muzero",
         overrides={
-            **SMALL,
-            "env.env_id": "Pendulum-v1",
-            "policy.type": "sampled_muzero",
-            "max_env_step": 300,
-            "env.max_episode_steps": 50,
-            "eval.eval_freq": 10,
-            "replay.buffer_reanalyze_freq": 0,
-            "replay.reanalyze_ratio": 0.0,
-            "learn.batch_size": 16,
+            **PENDULUM_UNIT,
             "logging.output_dir": str(tmp_path),
             "policy.async_pipeline.enabled": True,
             "policy.async_pipeline.ray_local_mode": True,
