@@ -1,28 +1,57 @@
 #!/usr/bin/env bash
-# GPU device check, one prepared run of at most ~8 minutes on a machine with an NVIDIA GPU:
-#   1. install (skipped when the packages are already importable),
-#   2. the tests that need CUDA (tests/test_devices.py: learner on cuda, fp32 and mixed precision, search),
-#   3. the learner's efficiency on the Pong conv network on the GPU (bench_learner),
-#   4. Pong throughput, sync vs async with 1 and 2 collectors, learner on the GPU (bench_throughput).
-# Usage: bash scripts/device_check.sh [WALL_S_PER_PIPELINE]   (default 60)
+# GPU device check: one prepared run of at most ~9 minutes on the device tool's GPU machine (issue 13 item 7).
+#   0. packages: the device machine reaches no package index, so what its image lacks (gymnasium, ale-py, ray
+#      and ray's jsonschema) comes in .whl/, built beforehand on this machine by scripts/device_wheels.sh and
+#      carried with the call (`carry: [".whl"]`); installed into /tmp/site. On a machine that reaches an
+#      index and lacks them, pip installs the project instead;
+#   1. the tests that need CUDA (tests/test_devices.py: the learner on cuda in fp32 and mixed precision, search),
+#   2. the learner's efficiency on the Pong conv network on the GPU, fp32 and bf16 autocast (bench_learner),
+#   3. Pong throughput, sync vs async with 1 and 2 collectors, learner on the GPU (bench_throughput, 1 round).
+# Every step's output also goes to $OUT/device_check.log when $OUT is set (the device tool brings $OUT back).
+#
+# Usage: bash scripts/device_check.sh [WALL_S_PER_PIPELINE]        (default 45)
+#        DEVICE=cpu PRESET=cartpole_muzero bash scripts/device_check.sh 10   (a rehearsal on a CPU machine)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-WALL=${1:-60}
+WALL=${1:-45}
+DEVICE=${DEVICE:-cuda}
+PRESET=${PRESET:-pong_muzero}
 export RAY_USAGE_STATS_ENABLED=0 RAY_AUTH_MODE=disabled PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
-if ! $PY -c "import muzero_tune, ray, gymnasium, ale_py" 2>/dev/null; then
+LOG=${OUT:+$OUT/device_check.log}
+LOG=${LOG:-/dev/null}
+
+if ls .whl/*.whl >/dev/null 2>&1; then
+  echo "== packages from .whl/ into /tmp/site"
+  mkdir -p /tmp/site
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && for t in .whl/*.tar.xz; do tar -xJf "$t" -C /tmp/site; done \
+    || { echo "installing .whl/ failed"; exit 1; }
+  # the repository itself is imported from here (no install); Ray's workers inherit PYTHONPATH
+  export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+elif ! $PY -c "import muzero_tune, ray, gymnasium, ale_py" 2>/dev/null; then
   $PY -m pip install -q -e ".[test,atari]" || echo "install failed: continuing with what is importable"
 fi
-$PY - <<'PYEOF'
+{
+  $PY - <<'PYEOF'
+import importlib.metadata as md
 import torch
 print("torch", torch.__version__, "cuda", torch.cuda.is_available(),
       torch.cuda.get_device_name(0) if torch.cuda.is_available() else "-")
+for name in ("numpy", "numba", "gymnasium", "ale-py", "ray"):
+    try:
+        print(name, md.version(name))
+    except md.PackageNotFoundError:
+        print(name, "MISSING")
 PYEOF
-echo "== CUDA tests"
-timeout 120 $PY -m pytest -q tests/test_devices.py
-echo "== learner on the Pong conv net (batch 256, K=5, SSL on)"
-timeout 150 $PY scripts/bench_learner.py --preset pong_muzero --set learn.device=cuda --steps 20 --rounds 2
-echo "== Pong throughput, sync vs async (learner on cuda, actors on CPU)"
-timeout $((WALL * 3 + 120)) $PY scripts/bench_throughput.py --preset pong_muzero --wall-s "$WALL" --collectors 1 2 \
-  --set learn.device=cuda --set mcts.num_simulations=50 --set learn.train_start_after_envsteps=500 \
-  --set env.collector_env_num=8
+  echo "== CUDA tests"
+  timeout 120 $PY -m pytest -q -p no:cacheprovider tests/test_devices.py
+  echo "== learner on the $PRESET network, learner on $DEVICE: fp32, then bf16 autocast (learn.mixed_precision)"
+  timeout 120 $PY scripts/bench_learner.py --preset "$PRESET" --set learn.device="$DEVICE" --steps 20 --rounds 2
+  timeout 120 $PY scripts/bench_learner.py --preset "$PRESET" --set learn.device="$DEVICE" \
+    --set learn.mixed_precision=true --steps 20 --rounds 2
+  echo "== $PRESET throughput, sync vs async (learner on $DEVICE, actors on CPU)"
+  timeout $((WALL * 3 + 90)) $PY scripts/bench_throughput.py --preset "$PRESET" --wall-s "$WALL" --collectors 1 2 \
+    --rounds 1 --set learn.device="$DEVICE" --set mcts.num_simulations=50 \
+    --set learn.train_start_after_envsteps=500 --set env.collector_env_num=8 --out-dir /tmp/device_check_runs
+} 2>&1 | tee "$LOG"
