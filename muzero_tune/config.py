@@ -241,9 +241,11 @@ class LearnConfig:
     )
     num_threads: int = param(
         1,
-        "CPU cores the learner's step may use: torch's intra-op threads for its backward and optimizer step, "
-        "and for its loss forward less the one the bootstrap helper takes (1: one thread, as every process "
-        "here; more only where those cores are the learner's alone -- beside busy actors it is slower)",
+        "CPU cores the learner's step may use: torch's intra-op threads for its loss forward less the one "
+        "the bootstrap helper takes (learn.overlap_bootstrap), and for its backward and optimizer step, less "
+        "that one too where the helper works beside them (learn.prefetch_next_batch); 1: one thread, as "
+        "every process here; more only where those cores are the learner's alone -- beside busy actors it "
+        "is slower",
         ge=1,
     )
     helper_ssl_encodings: int = param(
@@ -1046,6 +1048,16 @@ def validate(cfg: ExperimentConfig, *, check_env: bool = True) -> ExperimentConf
     if replay.off_policy_transitions_per_step > 0 and replay.td_steps_min > replay.td_steps:
         raise ConfigError(
             "replay.td_steps_min", replay.td_steps_min, f"must be <= replay.td_steps ({replay.td_steps})"
+        )
+    if learn.num_threads == 2 and learn.overlap_bootstrap and learn.prefetch_next_batch:
+        warnings.warn(
+            ConfigWarning(
+                "learn.num_threads=2 gives the learner's CPU work no more threads than 1: the bootstrap "
+                "helper takes the second core beside both the loss's forward (learn.overlap_bootstrap) and "
+                "its backward (learn.prefetch_next_batch); for a two-thread backward set "
+                "learn.prefetch_next_batch=false, or use 3 or more threads"
+            ),
+            stacklevel=2,
         )
     if learn.helper_ssl_encodings > 0:
         if not learn.overlap_bootstrap:

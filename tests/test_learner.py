@@ -8,6 +8,7 @@ import dataclasses
 import io
 import os
 import threading
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -607,16 +608,25 @@ def test_num_threads_sets_the_steps_intra_op_threads_and_restores_the_callers(ov
     """``learn.num_threads=2``: the loss's forward runs on 2 intra-op threads less the bootstrap helper's one,
     the backward on 2 -- or on 1 too where the helper works beside it (the next batch's bootstrap forward,
     ``learn.prefetch_next_batch``); the caller's count (1 here) is back after every step, and the step is
-    deterministic at that count (two learners from one seed end bit-identical)."""
+    deterministic at that count (two learners from one seed end bit-identical). Where both are 1, the config
+    says so with a ConfigWarning."""
     runs = []
     for _ in range(2):
-        cfg = small_cfg(
-            **{
-                "learn.num_threads": 2,
-                "learn.overlap_bootstrap": overlap,
-                "learn.prefetch_next_batch": prefetch,
-            }
-        )
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            cfg = small_cfg(
+                **{
+                    "learn.num_threads": 2,
+                    "learn.overlap_bootstrap": overlap,
+                    "learn.prefetch_next_batch": prefetch,
+                }
+            )
+        warned = [
+            w
+            for w in caught
+            if issubclass(w.category, ConfigWarning) and "learn.num_threads=2" in str(w.message)
+        ]
+        assert len(warned) == (1 if overlap and prefetch else 0)
         learner = Learner(cfg, MuZeroPolicy(cfg, SPEC))
         seen: dict[str, list[int]] = {"forward": [], "backward": []}
         loss_fn = learner.policy.compute_loss
