@@ -31,6 +31,7 @@ from bench_common import add_preset_args, filled_core, preset_overrides
 from muzero_tune.models.layout import place_model
 from muzero_tune.pipeline.core import setup_torch_threads
 from muzero_tune.pipeline.learner import intra_op_threads, make_optimizer
+from muzero_tune.pipeline.proc_cpu import MachineCpu
 
 
 def bare_step(model, optimizer, obs, actions, num_unroll: int, amp_dtype: torch.dtype | None = None) -> None:
@@ -152,6 +153,7 @@ def main(argv: list[str] | None = None) -> None:
     for fn in variants.values():
         time_it(fn, 2)
     per_round: dict[str, list[float]] = {name: [] for name in variants}
+    machine0 = MachineCpu.now()
     for _ in range(args.rounds):
         for name, fn in variants.items():
             per_round[name].append(time_it(fn, args.steps))
@@ -174,6 +176,8 @@ def main(argv: list[str] | None = None) -> None:
           f"prefetch_next_batch={lc.prefetch_next_batch}")  # fmt: skip
     print(f"  rounds={args.rounds} x {args.steps} steps per variant, interleaved, {args.clock} clock; "
           f"medians (load {os.getloadavg()[0]:.2f} at the end):")  # fmt: skip
+    # steal: the hypervisor's share; a step that overlaps work on both cores loses most when it is high
+    print(f"  the machine over the rounds: {MachineCpu.describe(machine0)}")
     print(f"  full learner step     : {1e3 * f:8.2f} ms  -> {1 / f:7.1f} train steps/s")
     if "serial" in med:
         print(f"  full step, nothing on the helper thread: {1e3 * med['serial']:8.2f} ms")

@@ -25,6 +25,7 @@ from bench_common import add_preset_args, filled_core, interleaved_train_steps, 
 
 from muzero_tune.config import parse_set_args
 from muzero_tune.pipeline.core import setup_torch_threads
+from muzero_tune.pipeline.proc_cpu import MachineCpu
 
 
 def spin(stop) -> None:
@@ -59,6 +60,7 @@ def main(argv: list[str] | None = None) -> None:
     busy = mp.Process(target=spin, args=(stop,), daemon=True) if args.busy_process else None
     if busy is not None:
         busy.start()
+    machine0 = MachineCpu.now()
     try:  # the warm-up steps (traces, allocator, OpenMP's team) then the timed rounds
         per_round = interleaved_train_steps(cores, rounds=args.rounds, steps=args.steps)
     finally:
@@ -69,6 +71,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"preset={args.preset} batch={cfg.learn.batch_size} busy_process={args.busy_process} "
           f"base: {' '.join(args.overrides) or '(preset)'}; {args.rounds} rounds x {args.steps} steps, "
           f"interleaved (load {os.getloadavg()[0]:.2f} at the end)")  # fmt: skip
+    print(f"  the machine over the rounds: {MachineCpu.describe(machine0)}")
     base = np.asarray(per_round["base"])
     for name, extra in variants.items():
         t = np.asarray(per_round[name])

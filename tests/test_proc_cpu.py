@@ -3,6 +3,7 @@ spent them (a real child process, real /proc)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -59,3 +60,18 @@ def test_sampler_attributes_cpu_to_the_process_that_spent_it():
 def test_sampler_rejects_a_bad_interval():
     with pytest.raises(ValueError, match="interval_s must be > 0, got 0"):
         proc_cpu.CpuSampler(interval_s=0)
+
+
+def test_machine_cpu_counts_a_busy_loop_and_splits_the_time():
+    """``MachineCpu``: the machine's busy ticks grow by at least most of a busy loop this process runs (less
+    what a hypervisor may steal), the three shares sum to 1, and ``describe`` names them and the cores."""
+    start = proc_cpu.MachineCpu.now()
+    assert start is not None and min(start.busy, start.idle, start.steal) >= 0
+    _busy(0.3)
+    end = proc_cpu.MachineCpu.now()
+    assert (end.busy - start.busy) / proc_cpu._CLK_TCK >= 0.15
+    shares = end.shares_since(start)
+    assert set(shares) == {"busy", "idle", "steal"} and sum(shares.values()) == pytest.approx(1.0)
+    assert shares["busy"] > 0
+    text = proc_cpu.MachineCpu.describe(start)
+    assert text.startswith("busy ") and "steal " in text and text.endswith(f"of {os.cpu_count()} cores")

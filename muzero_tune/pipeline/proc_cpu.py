@@ -43,6 +43,49 @@ def process_cpu_s(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / _CLK_TCK
 
 
+@dataclass(frozen=True)
+class MachineCpu:
+    """The whole machine's CPU time so far, from ``/proc/stat``'s ``cpu`` line, in clock ticks summed over the
+    cores: ``busy`` (user, nice, system, irq, softirq), ``idle`` (idle, iowait) and ``steal`` (time the
+    hypervisor gave this VM's cores to other guests: a benchmark on a shared VM loses it without seeing a
+    busy neighbour process)."""
+
+    busy: int
+    idle: int
+    steal: int
+
+    @classmethod
+    def now(cls) -> MachineCpu | None:
+        """The counters now, or None where ``/proc/stat`` cannot be read."""
+        try:
+            with open("/proc/stat", "rb") as f:
+                fields = [int(x) for x in f.readline().split()[1:9]]
+        except (OSError, ValueError):
+            return None
+        user, nice, system, idle, iowait, irq, softirq, steal = fields + [0] * (8 - len(fields))
+        return cls(busy=user + nice + system + irq + softirq, idle=idle + iowait, steal=steal)
+
+    def shares_since(self, start: MachineCpu) -> dict[str, float]:
+        """Each kind's share of the machine's CPU time between ``start`` and this snapshot (sums to 1)."""
+        d = {
+            "busy": self.busy - start.busy,
+            "idle": self.idle - start.idle,
+            "steal": self.steal - start.steal,
+        }
+        total = max(sum(d.values()), 1)
+        return {k: v / total for k, v in d.items()}
+
+    @staticmethod
+    def describe(start: MachineCpu | None) -> str:
+        """``"busy 97%, idle 2%, steal 1% of 2 cores"`` since ``start`` (empty without ``/proc/stat``)."""
+        end = MachineCpu.now()
+        if start is None or end is None:
+            return ""
+        shares = end.shares_since(start)
+        parts = ", ".join(f"{k} {100 * v:.0f}%" for k, v in shares.items())
+        return f"{parts} of {os.cpu_count()} cores"
+
+
 def _cmdline(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
