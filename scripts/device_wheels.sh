@@ -6,7 +6,7 @@
 # The image (see the device tool's KINDS.md) has python3 3.12 with torch, numpy, numba, pytest, pyyaml,
 # msgpack, protobuf, grpcio, aiohttp, click, filelock, requests, attrs, pandas and pyarrow; it lacks
 # gymnasium, ale-py and ray, and ray's jsonschema. Ray's wheel (about 79 MB) is over the 64 MiB a device call
-# carries, so it travels as a tar.xz of the wheel's files (about 29 MB) without the parts this project never
+# carries, so it travels as a tar.xz of the wheel's files (about 31 MB) without the parts this project never
 # imports: ray/jars (Java workers), ray/rllib, ray/serve, ray/llm. device_check.sh unpacks it into its
 # --target folder beside the wheels. The whole of .whl/ is about 34 MB; .gitignore keeps it out of git.
 #

@@ -10,6 +10,8 @@ What this module owns
     reads are measured on its thread and reported apart (``sampler``, subtracted from ``driver``). ``/proc``
     counts in clock ticks and leaves out time a hypervisor steals from the VM, so on a loaded VM its figures
     can be below ``time.process_time()`` (0.145 s for a 0.2 s busy loop here); compare roles within a run.
+    :class:`MachineCpu`, the whole machine's busy / idle / steal time from ``/proc/stat``, which the learner
+    benchmarks print over their timed rounds.
 
 What it must never do
     Change what it measures (it only reads ``/proc``: one ``stat`` read per process per interval, command
