@@ -1052,10 +1052,10 @@ def validate(cfg: ExperimentConfig, *, check_env: bool = True) -> ExperimentConf
     if learn.num_threads == 2 and learn.overlap_bootstrap and learn.prefetch_next_batch:
         warnings.warn(
             ConfigWarning(
-                "learn.num_threads=2 gives the learner's CPU work no more threads than 1: the bootstrap "
-                "helper takes the second core beside both the loss's forward (learn.overlap_bootstrap) and "
-                "its backward (learn.prefetch_next_batch); for a two-thread backward set "
-                "learn.prefetch_next_batch=false, or use 3 or more threads"
+                "learn.num_threads=2 runs the learner's step on one thread, as 1 does: the bootstrap helper "
+                "takes the second core beside both the loss's forward (learn.overlap_bootstrap) and its "
+                "backward (learn.prefetch_next_batch), and a Tune trial's bundle reserves both cores; for a "
+                "two-thread backward set learn.prefetch_next_batch=false, or use 3 or more threads"
             ),
             stacklevel=2,
         )
