@@ -43,7 +43,16 @@ trap 'rm -rf "$tmp"' EXIT
 download "$(pinned ray)" "$tmp"
 wheel=$(ls "$tmp"/ray-*.whl)
 mkdir "$tmp/files"
-unzip -q "$wheel" -d "$tmp/files"  # unzip keeps the executable bits of ray's raylet and gcs_server
+# unpacked with each file's mode from the zip (ray's raylet and gcs_server must stay executable), as unzip does
+$PY - "$wheel" "$tmp/files" <<'PYEOF'
+import os, sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z:
+    for info in z.infolist():
+        path = z.extract(info, sys.argv[2])
+        mode = info.external_attr >> 16
+        if mode and not info.is_dir():
+            os.chmod(path, mode & 0o777)
+PYEOF
 slim="$OUT_DIR/$(basename "$wheel" .whl)-slim.tar.xz"
 tar -C "$tmp/files" --exclude=ray/jars --exclude=ray/rllib --exclude=ray/serve --exclude=ray/llm -cf - . \
   | xz -T0 -6 >"$slim"
