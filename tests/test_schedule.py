@@ -149,6 +149,9 @@ def test_reanalyze_plan_makes_exactly_freq_calls_per_budget(freq, budget, calls,
     got = [step for step in range(max(budget, 1)) for _ in range(plan.calls_at_step(step))]
     assert got == calls
     assert plan.calls_at_step(max(budget, 1)) == 0
+    # a step's successor follows at once where it is in the budget and no call runs before it
+    follows = [plan.next_step_follows(step) for step in range(max(budget, 1))]
+    assert follows == [step + 1 < budget and step + 1 not in calls for step in range(max(budget, 1))]
 
 
 @pytest.mark.parametrize(

@@ -492,11 +492,8 @@ class AsyncDriver:
             for _ in range(b.plan.calls_at_step(b.progress)):
                 core.buffer_reanalyze()
             if b.progress < b.total:  # a 0-step budget (replay_ratio carry) is only counted
-                follows = (  # another step of this budget comes at once: build its batch ahead
-                    b.progress + 1 < b.total
-                    and steps + 1 < self.ap.max_train_chunk_steps
-                    and b.plan.calls_at_step(b.progress + 1) == 0
-                )
+                # another step of this budget comes at once, in this chunk: build its batch ahead
+                follows = b.plan.next_step_follows(b.progress) and steps + 1 < self.ap.max_train_chunk_steps
                 core.train_step(prefetch_next=follows)
                 b.progress += 1
                 steps += 1

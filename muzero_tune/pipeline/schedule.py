@@ -112,6 +112,11 @@ class ReanalyzePlan:
         # calls i with floor(i * b / n) == step: i in [ceil(step * n / b), ceil((step + 1) * n / b))
         return -(-(step_in_budget + 1) * n // b) - -(-step_in_budget * n // b)
 
+    def next_step_follows(self, step_in_budget: int) -> bool:
+        """Whether train step ``step_in_budget + 1`` of the budget comes right after this one, with no
+        reanalyze call between (so its batch can be built ahead: ``learn.prefetch_next_batch``)."""
+        return step_in_budget + 1 < self.budget_steps and self.calls_at_step(step_in_budget + 1) == 0
+
     def at_epoch(self, train_epoch: int) -> bool:
         return self.period_epochs is not None and train_epoch % self.period_epochs == 0
 

@@ -142,7 +142,7 @@ def train_muzero_segment(
                     if step >= budget:
                         break
                     # the next step's batch is built ahead only where that step follows at once
-                    core.train_step(prefetch_next=step + 1 < budget and plan.calls_at_step(step + 1) == 0)
+                    core.train_step(prefetch_next=plan.next_step_follows(step))
                     if core.train_iter >= cfg.max_train_iter:
                         break
                 core.budget_done()
