@@ -502,7 +502,7 @@ def test_overlapped_bootstrap_is_bit_identical_to_the_serial_step():
         np.testing.assert_array_equal(a.priorities, b.priorities)
         assert a.metrics == b.metrics
     me = threading.get_ident()
-    assert len(threads_on) == len(threads_off) == 7
+    assert len(threads_on) == len(threads_off) >= 7  # one value_fn call per B positions of each batch
     assert all(t != me for t in threads_on) and all(t == me for t in threads_off)
 
 

@@ -286,6 +286,26 @@ def test_make_batch_targets_and_history_replay_on_a_hand_built_case():
         np.testing.assert_allclose(h[row], replayed_history(target, seg, t), rtol=1e-5, atol=1e-6)
 
 
+def test_bootstrap_values_in_pieces_read_the_histories_in_order():
+    """``history_value_fn`` pairs the n observations of each call with the next n histories (the batch's
+    bootstrap positions asked in order, in pieces: ``Bootstrap.values``), starts over once all are read, and
+    refuses a call reaching past the last."""
+    policy, model = _policy()
+    torch.nn.init.normal_(model.base.pred_value.weight)  # values that depend on the history
+    rng = np.random.default_rng(0)
+    n = 7
+    obs = rng.standard_normal((n, *policy.spec.obs_shape)).astype(np.float32)
+    history = rng.standard_normal((n, H)).astype(np.float32)
+    fn = policy.history_value_fn(model, history)
+    whole = fn(obs)
+    assert np.unique(whole).size == n
+    pieces = np.concatenate([fn(obs[:3]), fn(obs[3:6]), fn(obs[6:])])
+    np.testing.assert_allclose(pieces, whole, rtol=1e-4)  # the GRU's matmuls round by batch size
+    fn(obs[:5])
+    with pytest.raises(RuntimeError, match="3 observations from position 5 of 7 histories"):
+        fn(obs[:3])
+
+
 def test_learner_root_history_equals_what_the_collector_searched_with():
     # segments of 7 (not a multiple of L: some windows begin in the previous segment), short padding
     policy, model = _policy(**{"replay.game_segment_length": 7, "replay.num_unroll_steps": 2,

@@ -585,7 +585,9 @@ def test_buffer_rows_give_the_batch_the_segments_give_through_evictions_and_move
     np.testing.assert_array_equal(again.target_policy[0, 0], fresh[0])
 
 
-def test_deferred_bootstrap_resolves_to_the_same_targets_with_one_call():
+def test_deferred_bootstrap_resolves_to_the_same_targets_in_pieces_of_a_batch():
+    """A deferred bootstrap term asks ``value_fn`` for exactly the positions the immediate build asked, in
+    consecutive pieces of B rows; the targets are the same."""
     import dataclasses
 
     from muzero_tune.replay.targets import resolve_bootstrap
@@ -596,16 +598,43 @@ def test_deferred_bootstrap_resolves_to_the_same_targets_with_one_call():
     value = RecordingValue()
     kw = dict(num_unroll_steps=4, td_steps=3, discount=0.9, num_actions=3, value_fn=value)
     now = make_batch(sample_of(segs, pos), rng=np.random.default_rng(1), **kw)
-    assert len(value.calls) == 1
+    asked_now = np.concatenate(value.calls)
+    value.calls.clear()
     later = make_batch(sample_of(segs, pos), rng=np.random.default_rng(1), defer_bootstrap=True, **kw)
-    assert len(value.calls) == 1 and np.isnan(later.target_value).all()
-    assert len(later.bootstrap.obs) == len(value.calls[0]) < 30 * 5  # only positions that need one
+    assert not value.calls and np.isnan(later.target_value).all()
+    n = len(later.bootstrap.obs)
+    assert 30 < n < 30 * 5  # only positions that need one, more than one piece of B = 30
     done = resolve_bootstrap(later)
-    assert len(value.calls) == 2 and done.bootstrap is None
-    np.testing.assert_array_equal(value.calls[1], value.calls[0])
+    assert done.bootstrap is None
+    assert [len(c) for c in value.calls] == [min(30, n - lo) for lo in range(0, n, 30)]
+    np.testing.assert_array_equal(np.concatenate(value.calls), asked_now)
     for f in dataclasses.fields(now):
         if f.name not in ("extras", "bootstrap"):
             np.testing.assert_array_equal(getattr(done, f.name), getattr(now, f.name), err_msg=f.name)
+
+
+@pytest.mark.parametrize("preset", ["cartpole_muzero", "pong_muzero"])
+def test_a_networks_bootstrap_values_in_pieces_are_bit_identical_to_one_call(preset):
+    """The target network's values of N positions asked in pieces of B rows (how ``Bootstrap.values`` asks)
+    equal one call over all N bit for bit, for the MLP and the conv network (eval mode: each row alone)."""
+    import torch
+
+    from muzero_tune.config import make_config
+    from muzero_tune.models.layout import place_model
+    from muzero_tune.pipeline.core import make_policy
+
+    cfg = make_config(preset, overrides={"learn.batch_size": 8})
+    policy, spec = make_policy(cfg)
+    torch.manual_seed(0)
+    model = place_model(policy.build_model(), device="cpu", channels_last=cfg.model.channels_last)
+    obs_shape = spec.obs_shape
+    gen = torch.Generator().manual_seed(1)
+    obs = torch.rand((6 * 8, *obs_shape), generator=gen).mul(255 if len(obs_shape) == 3 else 1).numpy()
+    obs = obs.astype(np.uint8) if len(obs_shape) == 3 else obs.astype(np.float32)
+    fn = policy.value_fn(model)
+    whole = fn(obs)
+    pieces = np.concatenate([fn(obs[lo : lo + 8]) for lo in range(0, len(obs), 8)])
+    np.testing.assert_array_equal(pieces, whole)
 
 
 def test_a_segment_with_other_columns_warns_and_batches_still_build():

@@ -158,16 +158,25 @@ class MuZeroRNNFullObsPolicy(CarriedStatePolicy):
     # ---------------------------------------------------------------- targets
 
     def history_value_fn(self, model: RNNMuZeroNet, history: np.ndarray, *, chunk: int = 2048):
-        """``obs [N, ...] -> value [N]`` at the states (represent(obs), ``history`` [N, H]), in that order."""
+        """``obs [n, ...] -> value [n]`` at the states (represent(obs), the next n rows of ``history``
+        [N, H]): the N bootstrap positions in order, in one call or consecutive pieces (``ValueFn``), from
+        the first again once all N are read."""
         dev = self._device(model)
+        start = [0]  # the history row of the next call's first observation
 
         def fn(obs: np.ndarray) -> np.ndarray:
-            if len(obs) != len(history):
-                raise RuntimeError(f"value_fn got {len(obs)} observations for {len(history)} histories")
+            lo_h = start[0]
+            hi_h = lo_h + len(obs)
+            if hi_h > len(history):
+                raise RuntimeError(
+                    f"value_fn got {len(obs)} observations from position {lo_h} of {len(history)} histories"
+                )
+            start[0] = 0 if hi_h == len(history) else hi_h
+            rows = history[lo_h:hi_h]
             vals = []
             with eval_mode(model):
                 for lo in range(0, len(obs), chunk):
-                    h = torch.as_tensor(history[lo : lo + chunk], device=dev, dtype=torch.float32)
+                    h = torch.as_tensor(rows[lo : lo + chunk], device=dev, dtype=torch.float32)
                     root = model.initial_inference(torch.as_tensor(obs[lo : lo + chunk], device=dev), h)
                     vals.append(
                         logits_to_scalar(root.value_logits.float(), support_size=model.value_support_size)
