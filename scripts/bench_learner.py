@@ -112,6 +112,7 @@ def main(argv: list[str] | None = None) -> None:
     _, deferred = core.build_batch(bench_rng, tick=False)
 
     amp = core.learner.autocast_dtype  # the learner's precision (learn.mixed_precision), None: fp32
+    pieces = cfg.learn.bootstrap_piece_rows  # the learner's split of its bootstrap forward
     helper = core.learner.bootstrap_helper
 
     def serial_step():  # the learner step with its bootstrap forward first and the SSL targets on this thread
@@ -133,7 +134,7 @@ def main(argv: list[str] | None = None) -> None:
         "fixed": fixed_step,
         "targets": build,
         # the target network's forward (the learner's precision), which the full step overlaps with its loss
-        "bootstrap": lambda: core.learner.in_precision(deferred.bootstrap.values),
+        "bootstrap": lambda: core.learner.in_precision(deferred.bootstrap.values, pieces),
     }
     if helper is not None:  # learn.overlap_bootstrap: the same step without the helper thread, side by side
         variants["serial"] = serial_step
@@ -172,8 +173,8 @@ def main(argv: list[str] | None = None) -> None:
     lc = cfg.learn
     print(f"preset={args.preset} batch={bs} K={k} model={cfg.model.kind} ssl={lc.ssl_loss_weight > 0} "
           f"precision={precision} overlap_bootstrap={helper is not None} num_threads={threads} "
-          f"helper_ssl_encodings={lc.helper_ssl_encodings} "
-          f"prefetch_next_batch={lc.prefetch_next_batch}")  # fmt: skip
+          f"helper_ssl_encodings={lc.helper_ssl_encodings} prefetch_next_batch={lc.prefetch_next_batch} "
+          f"bootstrap_piece_rows={lc.bootstrap_piece_rows}")  # fmt: skip
     print(f"  rounds={args.rounds} x {args.steps} steps per variant, interleaved, {args.clock} clock; "
           f"medians (load {os.getloadavg()[0]:.2f} at the end):")  # fmt: skip
     # steal: the hypervisor's share; a step that overlaps work on both cores loses most when it is high
@@ -204,7 +205,7 @@ def main(argv: list[str] | None = None) -> None:
         gf = {
             "bare": count_flops(lambda: bare_step(model, opt, obs, actions, k, amp)),
             "loss": count_flops(fixed_step),
-            "bootstrap": count_flops(lambda: core.learner.in_precision(deferred.bootstrap.values)),
+            "bootstrap": count_flops(lambda: core.learner.in_precision(deferred.bootstrap.values, pieces)),
         }
         print_flop_bounds(gf, len(deferred.bootstrap.obs))
 

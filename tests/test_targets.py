@@ -585,9 +585,11 @@ def test_buffer_rows_give_the_batch_the_segments_give_through_evictions_and_move
     np.testing.assert_array_equal(again.target_policy[0, 0], fresh[0])
 
 
-def test_deferred_bootstrap_resolves_to_the_same_targets_in_pieces_of_a_batch():
+@pytest.mark.parametrize("piece_rows", [0, 30, 7])
+def test_deferred_bootstrap_resolves_to_the_same_targets_in_one_call_or_in_pieces(piece_rows):
     """A deferred bootstrap term asks ``value_fn`` for exactly the positions the immediate build asked, in
-    consecutive pieces of B rows; the targets are the same."""
+    one call or in consecutive pieces of ``piece_rows`` (``learn.bootstrap_piece_rows``); the targets are
+    the same (this value_fn reads each row alone)."""
     import dataclasses
 
     from muzero_tune.replay.targets import resolve_bootstrap
@@ -603,10 +605,11 @@ def test_deferred_bootstrap_resolves_to_the_same_targets_in_pieces_of_a_batch():
     later = make_batch(sample_of(segs, pos), rng=np.random.default_rng(1), defer_bootstrap=True, **kw)
     assert not value.calls and np.isnan(later.target_value).all()
     n = len(later.bootstrap.obs)
-    assert 30 < n < 30 * 5  # only positions that need one, more than one piece of B = 30
-    done = resolve_bootstrap(later)
+    assert 30 < n < 30 * 5  # only positions that need one
+    done = resolve_bootstrap(later, piece_rows)
     assert done.bootstrap is None
-    assert [len(c) for c in value.calls] == [min(30, n - lo) for lo in range(0, n, 30)]
+    rows = piece_rows or n
+    assert [len(c) for c in value.calls] == [min(rows, n - lo) for lo in range(0, n, rows)]
     np.testing.assert_array_equal(np.concatenate(value.calls), asked_now)
     for f in dataclasses.fields(now):
         if f.name not in ("extras", "bootstrap"):
@@ -614,9 +617,10 @@ def test_deferred_bootstrap_resolves_to_the_same_targets_in_pieces_of_a_batch():
 
 
 @pytest.mark.parametrize("preset", ["cartpole_muzero", "pong_muzero"])
-def test_a_networks_bootstrap_values_in_pieces_are_bit_identical_to_one_call(preset):
-    """The target network's values of N positions asked in pieces of B rows (how ``Bootstrap.values`` asks)
-    equal one call over all N bit for bit, for the MLP and the conv network (eval mode: each row alone)."""
+def test_a_networks_bootstrap_values_in_pieces_match_one_call(preset):
+    """The target network's values of N positions asked in pieces (``learn.bootstrap_piece_rows``) equal one
+    call over all N to float32 rounding, for the MLP and the conv network (eval mode: each row alone; a
+    matrix product may round a row by the rows beside it, which is why the split is configuration)."""
     import torch
 
     from muzero_tune.config import make_config
@@ -634,7 +638,7 @@ def test_a_networks_bootstrap_values_in_pieces_are_bit_identical_to_one_call(pre
     fn = policy.value_fn(model)
     whole = fn(obs)
     pieces = np.concatenate([fn(obs[lo : lo + 8]) for lo in range(0, len(obs), 8)])
-    np.testing.assert_array_equal(pieces, whole)
+    np.testing.assert_allclose(pieces, whole, rtol=1e-6, atol=1e-5)
 
 
 def test_a_segment_with_other_columns_warns_and_batches_still_build():

@@ -275,7 +275,9 @@ class Learner:
         helper = self.bootstrap_helper
         if helper is None:
             return batch
-        return start_bootstrap(batch, lambda fn: helper.submit(self.in_precision, fn))
+        return start_bootstrap(
+            batch, lambda fn: helper.submit(self.in_precision, fn), self.cfg.learn.bootstrap_piece_rows
+        )
 
     def target_stays(self) -> bool:
         """Whether the target network stays as it is through this step (no hard copy due, no soft update):
@@ -309,7 +311,7 @@ class Learner:
         if self.bootstrap_helper is not None:
             batch = self.start_bootstrap(batch)
         else:
-            batch = self.in_precision(resolve_bootstrap, batch)
+            batch = self.in_precision(resolve_bootstrap, batch, lc.bootstrap_piece_rows)
         try:
             with intra_op_threads(self.forward_threads):
                 out = self.in_precision(

@@ -26,6 +26,7 @@ buffer except through the explicit reanalyze write-back.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -64,19 +65,20 @@ class Bootstrap:
     reward_sum: np.ndarray  # [B, K+1] float64, discounted reward sums (the whole target where N misses)
     value_fn: ValueFn  # the target network's values (bound by the policy to the learner's target model)
 
-    def values(self) -> np.ndarray:
-        """The value targets [B, K+1] float32: ``value_fn`` called once per B rows of the N positions.
+    def values(self, piece_rows: int = 0) -> np.ndarray:
+        """The value targets [B, K+1] float32: ``value_fn`` called once over the N positions, or -- with
+        ``piece_rows`` > 0 (``learn.bootstrap_piece_rows``) -- once per that many of them, in order.
 
-        Why in pieces: the learner runs this forward on its helper thread beside the loss's backward, and a
-        piece's activations stay in cache where one call's do not (Pong, 192 positions in pieces of 32:
-        the train step 1.04-1.11x faster, two interleaved runs of 20 rounds). A network's rows do not depend
-        on the rows beside them (the target network runs in eval mode): for the MLP and conv MuZero networks
-        the values are bit-identical to one call over all N on the CPUs measured (``tests/test_targets.py``);
-        a recurrent one's matmuls may round differently by batch size (within 2e-5 relative). The serial and
-        the overlapped step ask the same pieces either way."""
+        Why pieces: the learner runs this forward on its helper thread beside the loss's backward, and a
+        conv network's activations for a piece stay in cache where those of one call over all N do not
+        (Pong, 192 positions in pieces of 32: the train step 1.04-1.11x faster in interleaved A/B runs). A
+        network's rows do not depend on the rows beside them (the target network runs in eval mode), but
+        a matrix product may round a row differently by the number of rows beside it (the CartPole MLP: in
+        1 of 451 batches of a run, by 2e-6), so the split is configuration, the same for the serial and the
+        overlapped step."""
         if len(self.flat_index) == 0:
             return self.reward_sum.astype(np.float32)
-        rows = self.reward_sum.shape[0]
+        rows = piece_rows if piece_rows > 0 else len(self.obs)
         parts = [self.value_fn(self.obs[lo : lo + rows]) for lo in range(0, len(self.obs), rows)]
         target = self.reward_sum.copy()
         target.reshape(-1)[self.flat_index] += self.scale * np.concatenate(parts)
@@ -126,21 +128,25 @@ class PendingBootstrap:
         return self.future.result()
 
 
-def resolve_bootstrap(batch: TrainBatch) -> TrainBatch:
-    """``batch`` with its value targets complete (a no-op for a batch built without deferring)."""
-    if batch.bootstrap is None:
+def resolve_bootstrap(batch: TrainBatch, piece_rows: int = 0) -> TrainBatch:
+    """``batch`` with its value targets complete (a no-op for a batch built without deferring);
+    ``piece_rows``: see :meth:`Bootstrap.values`."""
+    term = batch.bootstrap
+    if term is None:
         return batch
-    return dataclasses.replace(batch, target_value=batch.bootstrap.values(), bootstrap=None)
+    values = term.values() if isinstance(term, PendingBootstrap) else term.values(piece_rows)
+    return dataclasses.replace(batch, target_value=values, bootstrap=None)
 
 
-def start_bootstrap(batch: TrainBatch, submit: Callable[..., Future]) -> TrainBatch:
+def start_bootstrap(batch: TrainBatch, submit: Callable[..., Future], piece_rows: int = 0) -> TrainBatch:
     """``batch`` with its deferred bootstrap forward handed to ``submit`` (an executor's ``submit``), so it
     runs while the caller computes the loss's forward; the loss's :meth:`TrainBatch.value_targets` waits for
-    it. The values are the same: the target network changes only after the step. A no-op without a deferred
-    term."""
+    it. The values are the same: the target network changes only after the step. ``piece_rows``: see
+    :meth:`Bootstrap.values`. A no-op without a deferred term."""
     if batch.bootstrap is None or isinstance(batch.bootstrap, PendingBootstrap):
         return batch
-    return dataclasses.replace(batch, bootstrap=PendingBootstrap(submit(batch.bootstrap.values)))
+    forward = functools.partial(batch.bootstrap.values, piece_rows)
+    return dataclasses.replace(batch, bootstrap=PendingBootstrap(submit(forward)))
 
 
 def n_step_targets(
