@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> None:
             "loss": count_flops(fixed_step),
             "bootstrap": count_flops(lambda: core.learner.in_precision(deferred.bootstrap.values, pieces)),
         }
-        print_flop_bounds(gf, len(deferred.bootstrap.obs))
+        print_flop_bounds(gf, len(deferred.bootstrap.obs), {"bare": b, "loss": x, "bootstrap": v})
 
 
 def count_flops(fn) -> float:
@@ -219,15 +219,23 @@ def count_flops(fn) -> float:
     return counter.get_total_flops() / 1e9
 
 
-def print_flop_bounds(gf: dict[str, float], n_bootstrap: int) -> None:
+def print_flop_bounds(gf: dict[str, float], n_bootstrap: int, seconds: dict[str, float]) -> None:
     """The learner efficiency the arithmetic alone allows. ``gf``: GFLOPs of the bare step, the policy's loss
-    step (forward with its SSL targets, backward) and the bootstrap forward (``n_bootstrap`` positions)."""
+    step (forward with its SSL targets, backward) and the bootstrap forward (``n_bootstrap`` positions);
+    ``seconds``: the median time of each, measured alone in the rounds above. The FLOP bounds assume every
+    part runs at the bare step's rate; the parts' own rates (printed) differ, so the last line bounds by
+    their measured times instead."""
     bare, loss, boot = gf["bare"], gf["loss"], gf["bootstrap"]
     print(f"  GFLOP per step: bare {bare:.2f}, loss step {loss:.2f}, bootstrap forward {boot:.2f} "
           f"({n_bootstrap} positions)")  # fmt: skip
+    rates = ", ".join(f"{name} {gf[name] / seconds[name]:.1f}" for name in ("bare", "loss", "bootstrap"))
+    print(f"  GFLOP/s of each part alone: {rates}")
     print(f"  FLOP bound, loss on one thread, bootstrap beside it (bare / loss): {bare / loss:.2f}")
     print(f"  FLOP bound, all of it shared perfectly over 2 cores (bare / ((loss + bootstrap) / 2)): "
           f"{bare / ((loss + boot) / 2):.2f}")  # fmt: skip
+    t_bare, t_loss, t_boot = seconds["bare"], seconds["loss"], seconds["bootstrap"]
+    print(f"  time bound, the parts' measured times shared perfectly over 2 cores "
+          f"(bare / ((loss step + bootstrap) / 2)): {t_bare / ((t_loss + t_boot) / 2):.2f}")  # fmt: skip
 
 
 if __name__ == "__main__":
