@@ -1,5 +1,6 @@
-"""Shared fixtures: one Ray cluster per test session (``ray.init`` costs 6-9 s on this machine) and a helper
-that runs a tiny async CartPole run and records what the driver saw.
+"""Shared fixtures: one Ray cluster per test session (``ray.init`` costs 6-9 s on this machine; under
+``pytest -n 2`` each of the two worker processes has its session, so its own cluster) and a helper that runs a
+tiny async CartPole run and records what the driver saw.
 
 Tests that need Ray request ``ray_cluster`` (or ``run_async``, which depends on it); the others never start
 Ray. The environment variables below are set at import so any Ray started anywhere in the session inherits
