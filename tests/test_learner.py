@@ -19,6 +19,7 @@ from muzero_tune.config import ConfigWarning, make_config
 from muzero_tune.envs.spec import EnvSpec
 from muzero_tune.models import build_network, logits_to_scalar
 from muzero_tune.models.layout import place_model
+from muzero_tune.models.traced import autocast_dtype
 from muzero_tune.pipeline.learner import (
     Learner,
     clip_grad_norm,
@@ -582,7 +583,7 @@ def test_mixed_precision_on_cpu_autocasts_both_forwards_and_keeps_fp32_state():
             value_fn = b.bootstrap.value_fn
 
             def seen(obs, value_fn=value_fn, precisions=precisions):
-                precisions.append(torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu"))
+                precisions.append(autocast_dtype("cpu") or False)
                 return value_fn(obs)
 
             batches[i] = dataclasses.replace(b, bootstrap=dataclasses.replace(b.bootstrap, value_fn=seen))

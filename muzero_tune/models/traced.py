@@ -28,7 +28,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-__all__ = ["initial_value_logits", "recurrent_outputs"]
+__all__ = ["autocast_dtype", "initial_value_logits", "recurrent_outputs"]
 
 # model -> {(call name, autocast dtype or None): (key, traced module or None, (module owning the first
 # parameter, its attribute name))}
@@ -59,6 +59,18 @@ class _InitialValue(nn.Module):
         return self.net.initial_inference(obs).value_logits
 
 
+def autocast_dtype(device_type: str) -> torch.dtype | None:
+    """The dtype autocast casts to on ``device_type`` ("cpu", "cuda") in this thread, None where it is off.
+
+    torch >= 2.4 asks by device (``torch.is_autocast_enabled("cpu")``); torch 2.3 has one function per device.
+    """
+    if hasattr(torch, "get_autocast_dtype"):  # torch >= 2.4
+        return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+    if device_type == "cpu":
+        return torch.get_autocast_cpu_dtype() if torch.is_autocast_cpu_enabled() else None
+    return torch.get_autocast_gpu_dtype() if torch.is_autocast_enabled() else None
+
+
 def _traced(
     model: nn.Module, call: str, wrapper: Callable[[nn.Module], nn.Module], inputs: tuple[Tensor, ...]
 ) -> nn.Module | None:
@@ -66,9 +78,8 @@ def _traced(
     where the call runs eagerly (autograd on, the network not traceable for ``call``, or its trace failed)."""
     if not getattr(model, f"traceable_{call}", False) or torch.is_grad_enabled():
         return None
-    dev = inputs[0].device.type
     # a trace records autocast's casts (learn.mixed_precision): one trace per call and precision
-    slot = (call, torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None)
+    slot = (call, autocast_dtype(inputs[0].device.type))
     calls = _TRACES.get(model)
     cached = calls.get(slot) if calls is not None else None
     # the first parameter, looked up through its owner: ``next(model.parameters())`` walks every submodule
