@@ -41,6 +41,16 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     )
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """``-n N`` (pytest-xdist) without ``--dist``: each test file whole on one worker (``loadfile``), so a
+    module's and the session's fixtures (one Ray cluster per worker, the Tune sweeps a file's tests share) are
+    built once per worker, not once per test that lands there. Runs before xdist's own hook, which would pick
+    ``load``; ``pytest`` without xdist installed, or without ``-n``, is untouched."""
+    if getattr(config.option, "numprocesses", None) and getattr(config.option, "dist", None) == "no":
+        config.option.dist = "loadfile"
+
+
 @pytest.fixture(scope="session")
 def ray_cluster():
     """A local Ray instance with 8 logical CPUs (the real work still runs on the machine's cores)."""
