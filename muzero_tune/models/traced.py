@@ -9,7 +9,7 @@ What this module owns
     dominates small batches (a CartPole MLP recurrent call at batch 8 takes ~0.55x the eager one,
     ``scripts/bench_acting.py``), and a traced graph runs without holding the GIL, so the learner's helper
     thread (``learn.overlap_bootstrap``) hardly slows the loss's forward on the main thread. Also
-    :func:`autocast_dtype`, the precision autocast runs a call in, which keys the traces (torch 2.3 and later).
+    :func:`autocast_dtype`, the precision autocast runs a call in, which keys the traces (torch >= 2.3).
 
 What it must never do
     Freeze weights into the trace: the trace shares the model's parameters, so in-place weight loads
