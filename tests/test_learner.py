@@ -495,6 +495,8 @@ def test_overlapped_bootstrap_is_bit_identical_to_the_serial_step(piece_rows):
         learner = Learner(cfg, MuZeroPolicy(cfg, SPEC))
         assert (learner.bootstrap_helper is not None) is overlap
         batches, threads = _deferred_batches(cfg, learner, 7)
+        # one value_fn call per batch, or one per piece of each batch
+        calls = sum(-(-len(b.bootstrap.obs) // (piece_rows or len(b.bootstrap.obs))) for b in batches)
         outs = [learner.train_step(b) for b in batches]
         runs[overlap] = (params(learner.model), params(learner.target_model), outs, threads)
     (p_on, t_on, outs_on, threads_on), (p_off, t_off, outs_off, threads_off) = runs[True], runs[False]
@@ -504,11 +506,8 @@ def test_overlapped_bootstrap_is_bit_identical_to_the_serial_step(piece_rows):
         np.testing.assert_array_equal(a.priorities, b.priorities)
         assert a.metrics == b.metrics
     me = threading.get_ident()
-    assert len(threads_on) == len(threads_off)
-    if piece_rows == 0:
-        assert len(threads_on) == 7  # one value_fn call per batch
-    else:
-        assert len(threads_on) >= 7  # one per piece of each batch
+    assert len(threads_on) == len(threads_off) == calls
+    assert piece_rows or calls == 7
     assert all(t != me for t in threads_on) and all(t == me for t in threads_off)
 
 
