@@ -57,6 +57,25 @@ def test_sampler_attributes_cpu_to_the_process_that_spent_it():
     assert report.ours_s() >= report.cpu_s["collector"] + report.cpu_s["driver"]
 
 
+def test_processes_outside_the_drivers_tree_are_other_whatever_their_command_line():
+    """Another run's actors on the same machine (a parallel test worker's, a second benchmark's) are not
+    this run's: with the driver set to a sleeping child, this process's busy collector-titled child is not
+    the driver's descendant, so it counts as ``other`` and none of the run's roles grows."""
+    driver = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        sampler = proc_cpu.CpuSampler(interval_s=0.05, driver_pid=driver.pid).start()
+        subprocess.run([sys.executable, "-c", "# CollectorWorker\n" + BUSY.format(s=0.3)], check=True)
+        report = sampler.stop()
+    finally:
+        driver.kill()
+        driver.wait()
+    assert report.processes.get("collector", 0) == 0
+    assert report.cpu_s["collector"] == 0.0
+    assert report.cpu_s["other"] >= 0.12
+    assert report.processes["driver"] == 1
+    assert proc_cpu.parent_pid(os.getpid()) == os.getppid()
+
+
 def test_sampler_rejects_a_bad_interval():
     with pytest.raises(ValueError, match="interval_s must be > 0, got 0"):
         proc_cpu.CpuSampler(interval_s=0)

@@ -5,7 +5,10 @@ What this module owns
     ``/proc/<pid>/stat``) at a fixed interval during a run and attributes them to roles by the process's
     command line: ``driver`` (the process running the sampler: learner, buffer, event loop), ``collector``
     and ``evaluator`` (Ray actors, whose titles name their class), ``ray`` (Ray's own processes: raylet, GCS,
-    dashboard agents, idle workers) and ``other`` (everything else on the machine). A process that exits
+    dashboard agents, idle workers) and ``other`` (everything else on the machine). Only the driver's
+    descendants get the first four roles (a local Ray cluster the driver started: its GCS and raylet are
+    the driver's children, the actors the raylet's); another run's actors on the same machine (a second
+    benchmark, a parallel test worker) are ``other``, however their command lines read. A process that exits
     during the run keeps the CPU seen at its last sample (at most one interval is lost); the sampler's own
     reads are measured on its thread and reported apart (``sampler``, subtracted from ``driver``). ``/proc``
     counts in clock ticks and leaves out time a hypervisor steals from the VM, so on a loaded VM its figures
@@ -34,15 +37,27 @@ def available() -> bool:
     return os.path.exists(f"/proc/{os.getpid()}/stat")
 
 
-def process_cpu_s(pid: int) -> float | None:
-    """CPU seconds (user + system) process ``pid`` has used, or None if it is gone."""
+def _stat_fields(pid: int) -> list[bytes] | None:
+    """The fields of ``/proc/<pid>/stat`` after ``pid (comm)``: state is field 0, ppid 1, utime 11, stime
+    12; None if the process is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             raw = f.read()
     except OSError:
         return None
-    fields = raw[raw.rfind(b")") + 2 :].split()  # after "pid (comm) ": state is field 0, utime 11, stime 12
-    return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+    return raw[raw.rfind(b")") + 2 :].split()
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """CPU seconds (user + system) process ``pid`` has used, or None if it is gone."""
+    fields = _stat_fields(pid)
+    return None if fields is None else (int(fields[11]) + int(fields[12])) / _CLK_TCK
+
+
+def parent_pid(pid: int) -> int | None:
+    """The parent of process ``pid`` (0 for the kernel's own), or None if it is gone."""
+    fields = _stat_fields(pid)
+    return None if fields is None else int(fields[1])
 
 
 @dataclass(frozen=True)
@@ -163,6 +178,24 @@ class CpuSampler:
         self._t0 = 0.0
         self._mark: tuple[float, float] | None = None  # (monotonic time, sampler CPU s) at mark()
         self._lock = threading.Lock()
+        self._descends: dict[int, bool] = {self.driver_pid: True}  # pid -> descends from the driver
+
+    def _is_ours(self, pid: int) -> bool:
+        """Whether ``pid`` is the driver or descends from it, walking parents up ``/proc`` (memoised: a
+        pid's ancestry is fixed while it lives, and the sampler sees each pid once)."""
+        chain = []
+        while pid not in self._descends:
+            chain.append(pid)
+            parent = parent_pid(pid)
+            if parent is None or parent <= 1 or parent == pid:
+                pid = -1
+                self._descends[-1] = False
+                break
+            pid = parent
+        ours = self._descends[pid]
+        for p in chain:
+            self._descends[p] = ours
+        return ours
 
     def _scan(self, *, baseline: bool) -> None:
         for name in os.listdir("/proc"):
@@ -176,7 +209,10 @@ class CpuSampler:
             if proc is None:
                 # a process first seen after the start was started during the run: all its CPU counts
                 cmdline = _cmdline(pid)
-                role = role_of(cmdline, is_driver=pid == self.driver_pid)
+                if self._is_ours(pid):
+                    role = role_of(cmdline, is_driver=pid == self.driver_pid)
+                else:
+                    role = "other"
                 proc = _Proc(cpu if baseline else 0.0, cpu, role, short_name(cmdline))
                 self._procs[pid] = proc
             elif proc.role == "ray":
