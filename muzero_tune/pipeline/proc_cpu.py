@@ -183,16 +183,16 @@ class CpuSampler:
     def _is_ours(self, pid: int) -> bool:
         """Whether ``pid`` is the driver or descends from it, walking parents up ``/proc`` (memoised: a
         pid's ancestry is fixed while it lives, and the sampler sees each pid once)."""
-        chain = []
+        chain: list[int] = []
         while pid not in self._descends:
             chain.append(pid)
             parent = parent_pid(pid)
-            if parent is None or parent <= 1 or parent == pid:
-                pid = -1
-                self._descends[-1] = False
+            if parent is None or parent <= 1:  # gone, or reached init / the kernel: not the driver's
+                ours = False
                 break
             pid = parent
-        ours = self._descends[pid]
+        else:
+            ours = self._descends[pid]
         for p in chain:
             self._descends[p] = ours
         return ours
