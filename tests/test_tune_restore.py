@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 
+from muzero_tune.pipeline import proc_cpu
 from muzero_tune.pipeline.checkpoint import load_checkpoint
 from muzero_tune.tune.mlflow_log import TRIAL_TAG, default_tracking_uri
 from muzero_tune.tune.trainable import CHECKPOINT_FILE
@@ -47,13 +48,8 @@ def tiny(storage) -> dict:
 
 def _stat(pid: int) -> tuple[str, int] | None:
     """(state, session id) of a process, None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return fields[0], int(fields[3])
+    fields = proc_cpu.stat_fields(pid)
+    return None if fields is None else (fields[0].decode(), int(fields[3]))
 
 
 def _proc_table() -> dict[int, tuple[str, int]]:

@@ -37,9 +37,9 @@ def available() -> bool:
     return os.path.exists(f"/proc/{os.getpid()}/stat")
 
 
-def _stat_fields(pid: int) -> list[bytes] | None:
-    """The fields of ``/proc/<pid>/stat`` after ``pid (comm)``: state is field 0, ppid 1, utime 11, stime
-    12; None if the process is gone."""
+def stat_fields(pid: int) -> list[bytes] | None:
+    """The fields of ``/proc/<pid>/stat`` after ``pid (comm)``: state is field 0, ppid 1, session 3, utime
+    11, stime 12; None if the process is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             raw = f.read()
@@ -50,13 +50,13 @@ def _stat_fields(pid: int) -> list[bytes] | None:
 
 def process_cpu_s(pid: int) -> float | None:
     """CPU seconds (user + system) process ``pid`` has used, or None if it is gone."""
-    fields = _stat_fields(pid)
+    fields = stat_fields(pid)
     return None if fields is None else (int(fields[11]) + int(fields[12])) / _CLK_TCK
 
 
 def parent_pid(pid: int) -> int | None:
     """The parent of process ``pid`` (0 for the kernel's own), or None if it is gone."""
-    fields = _stat_fields(pid)
+    fields = stat_fields(pid)
     return None if fields is None else int(fields[1])
 
 
