@@ -130,6 +130,12 @@ class MctsConfig:
         "(its parent's mean value)",
         choices=("min", "parent"),
     )
+    q_transform: str = param(
+        "tree_min_max",
+        "pUCT: the range Q is normalised over: tree_min_max (every Q in the tree, the root's own value "
+        "included) or parent_and_siblings (per node: its value and its visited children's Qs, as mctx)",
+        choices=("tree_min_max", "parent_and_siblings"),
+    )
     deterministic_eval: bool = param(True, "evaluation breaks score ties by the lowest action index")
 
 
@@ -359,10 +365,11 @@ class PolicyConfig:
     # sampled_muzero, sampled_efficientzero
     num_samples: int = param(20, "sampled_*: actions sampled at every search node (K)", ge=1)
     sampled_prior: str = param(
-        "uniform",
-        "sampled_*: prior of the K sampled edges: uniform (1/K, the paper's rule for samples from the "
-        "policy) or density (the policy renormalised over the samples)",
-        choices=("uniform", "density"),
+        "auto",
+        "sampled_*: prior of the K sampled edges: uniform (1/K, the paper's rule for independent draws "
+        "from the policy), density (the policy renormalised over the samples, right for distinct discrete "
+        "actions drawn without replacement) or auto (uniform for continuous actions, density for discrete)",
+        choices=("auto", "uniform", "density"),
     )
     policy_entropy_weight: float = param(
         5e-3, "sampled_* and unizero: weight of the policy entropy bonus in the policy loss", ge=0.0
@@ -629,7 +636,6 @@ PRESETS["pendulum_sampled_efficientzero"] = {
     "model.value_support_size": 50,  # h(1600) = 41.6 fits
     "model.reward_support_size": 10,  # h(16.3) = 3.1 fits
     "policy.num_samples": 20,  # K (the reference's; K = 3 or 10 plateau near -600 there)
-    "policy.sampled_prior": "uniform",
     "policy.policy_entropy_weight": 5e-3,
     "mcts.num_simulations": 25,
     "replay.game_segment_length": 50,

@@ -84,7 +84,7 @@ def time_kernels(
         t.children, t.prior, t.kind, t.visit_count, t.value_sum, t.reward, t.min_value, t.max_value,
         t.root_legal, t.scores, t.path, t.path_len, t.sel_parent, t.sel_action, t.sel_kind, batch_size,
         num_actions, num_actions, pb_c_base, pb_c_init, discount, value_delta_max, True, 0,
-        puct.UNVISITED_MIN,
+        puct.UNVISITED_MIN, puct.Q_TREE_MIN_MAX,
     )  # fmt: skip
     backup_args = (t.path, t.path_len, t.sel_parent, t.sel_action, t.sel_kind, t.leaf_reward, t.leaf_value,
                    t.leaf_logits)  # fmt: skip
@@ -95,7 +95,7 @@ def time_kernels(
         t.root_noise[:batch_size] = rng.standard_gamma(0.3, size=(batch_size, num_actions))
         kernels.prepare_roots(
             *tree_args, t.root_legal, t.root_logits, t.root_noise, t.root_value, batch_size,
-            num_simulations + 1, num_actions, True, 0.25, discount,
+            num_simulations + 1, num_actions, True, 0.25,
         )  # fmt: skip
         for sim in range(num_simulations):
             # Staging is not kernel work: do it before the timed calls (outputs do not depend on the choice).

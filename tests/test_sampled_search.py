@@ -157,9 +157,10 @@ def test_discrete_kernels_match_reference_with_masks(
 
 
 @pytest.mark.parametrize("add_noise", [False, True])
-def test_discrete_all_actions_with_density_prior_is_the_muzero_search(add_noise):
-    """K = |A| and the density prior: the sampled search is MuZero's search (slots are the actions in
-    ascending order), so the visit counts agree exactly, masks included."""
+def test_discrete_all_actions_with_the_default_prior_is_the_muzero_search(add_noise):
+    """K = |A| and the default prior (for discrete actions: pi renormalised over the K distinct samples):
+    the sampled search is MuZero's search (slots are the actions in ascending order), so the visit counts
+    agree exactly, masks included."""
     num_actions, sims, bsz = 6, 40, 6
     model = SmoothModel(continuous=False, num_actions=num_actions)
     rng = np.random.default_rng(4)
@@ -173,9 +174,9 @@ def test_discrete_all_actions_with_density_prior_is_the_muzero_search(add_noise)
         action_kind="discrete",
         num_actions=num_actions,
         num_simulations=sims,
-        sampled_prior="density",
         discount=0.9,
     )
+    assert sampled.sampled_prior == "density"
     muzero = MuZeroSearch(num_actions=num_actions, num_simulations=sims, discount=0.9)
     out = _run(model, sampled, z, legal, add_noise=add_noise, deterministic=True, seed=2)
     ref = _run(model, muzero, z, legal, add_noise=add_noise, deterministic=True, seed=2)
@@ -185,6 +186,42 @@ def test_discrete_all_actions_with_density_prior_is_the_muzero_search(add_noise)
         by_action[b, out.extras["sampled_actions"][b][slots]] = out.visit_counts[b][slots]
     np.testing.assert_array_equal(by_action, ref.visit_counts)
     np.testing.assert_array_equal(out.root_value, ref.root_value)
+
+
+def test_the_discrete_default_prior_keeps_the_policy_where_one_over_k_throws_it_away():
+    """K = |A| = 2, root logits [3, -3], both actions worth the same: MuZero's search follows the prior,
+    [10, 0]. The default sampled search does the same; a 1/K prior over the two distinct samples spreads
+    the visits evenly instead ([5, 5]), whatever the policy says."""
+
+    def flat(latent, actions):
+        n = len(actions)
+        return latent, np.zeros(n), np.zeros(n), np.array([[3.0, -3.0]] * n)
+
+    def visits(search) -> np.ndarray:
+        out = search.run(
+            root_latent=torch.zeros(1, 1),
+            root_policy_logits=np.array([[3.0, -3.0]]),
+            legal_mask=np.ones((1, 2), bool),
+            recurrent_fn=flat,
+            add_noise=False,
+            deterministic=True,
+            rng=np.random.default_rng(0),
+            root_value=np.zeros(1),
+        )
+        order = np.argsort(out.extras["sampled_actions"][0]) if out.extras else np.arange(2)
+        return out.visit_counts[0, order]
+
+    knobs = dict(num_simulations=10, discount=0.997)
+    muzero = visits(MuZeroSearch(num_actions=2, **knobs))
+    np.testing.assert_array_equal(muzero, [10, 0])
+    default = SampledSearch(num_samples=2, action_kind="discrete", num_actions=2, **knobs)
+    np.testing.assert_array_equal(visits(default), muzero)
+    one_over_k = SampledSearch(
+        num_samples=2, action_kind="discrete", num_actions=2, sampled_prior="uniform", **knobs
+    )
+    np.testing.assert_array_equal(visits(one_over_k), [5, 5])
+    continuous = SampledSearch(num_samples=4, action_kind="continuous", num_simulations=4)
+    assert continuous.sampled_prior == "uniform"  # independent draws: the paper's 1/K
 
 
 def test_density_prior_is_the_tanh_gaussian_density():

@@ -77,8 +77,8 @@ def test_first_simulation_follows_the_prior():
 
     Simulation 0: the root has N = 1 (its counted first visit), so score(a) = p_a * sqrt(1) / 1 * c(1):
     1.2254 for a3 against 0.0083 -> a3 (with N = 0 every score would be 0 and a0 would win the tie).
-    After it, min-max holds the root's seeded Q 0.997 * 20 = 19.94, Q(a3) = 1 + 0.997 * 20 = 20.94 and the
-    root's own Q 0.997 * (20 + 20.94) / 2 = 20.41, so Q_norm(a3) = 1.0 (never the raw Q 20.94).
+    After it, min-max holds the root's seeded value 20, Q(a3) = 1 + 0.997 * 20 = 20.94 and the root's value
+    (20 + 20.94) / 2 = 20.47, so Q_norm(a3) = 1.0 (never the raw Q 20.94).
     Later: an unvisited action scores at most 0.0066 * sqrt(25) * 1.2513 = 0.041, while a3 scores at least its
     exploration term 0.9802 * sqrt(N) * 1.25 / (1 + n3) >= 0.9802 * 1.25 / sqrt(N) >= 0.245 for N <= 25, plus
     Q_norm >= 0. So all 25 simulations go to a3: visits [0, 0, 0, 25].
@@ -92,14 +92,14 @@ def test_a_reward_pulls_the_search_away_from_the_prior():
     (reward 0, value 0); a1 -> state B (reward 2, value 0); below A and B every step has reward 0, value 0,
     uniform logits (A -> A, B -> B).
 
-    sim 0 (N = 1): a0: 0.7 * 1 * 1.25 / 1 = 0.875; a1: 0.375 -> a0. Backup G = 0: Q(A) = 0; root Q = 0;
+    sim 0 (N = 1): a0: 0.7 * 1 * 1.25 / 1 = 0.875; a1: 0.375 -> a0. Backup G = 0: Q(A) = 0; root value 0;
         min-max [0, 0] (span floored at value_delta_max 0.01, Q_norm(A) = 0).
     sim 1 (N = 2, sqrt 1.414): a0: 0 + 0.7 * 1.414 * 1.25 / 2 = 0.619; a1: 0.3 * 1.414 * 1.25 = 0.530 -> a0.
     sim 2 (N = 3, sqrt 1.732): a0: 0.7 * 1.732 * 1.25 / 3 = 0.505; a1: 0.3 * 1.732 * 1.25 = 0.650 -> a1.
-        Backup G = 0: Q(B) = 2 + 0.5 * 0 = 2; G = 2; root value_sum 2, N 4, root Q = 0.5 * 2 / 4 = 0.25;
+        Backup G = 0: Q(B) = 2 + 0.5 * 0 = 2; G = 2; root value_sum 2, N 4, root value 2 / 4 = 0.5;
         min-max [0, 2].
     sim 3 (N = 4, sqrt 2): a0: Q_norm 0 + 0.7 * 2 * 1.25 / 3 = 0.583; a1: Q_norm(2) = 1 + 0.3 * 2 * 1.25 / 2
-        = 1.375 -> a1. Backup (a leaf under B, value 0): Q(B) = 2 + 0.5 * 0 / 2 = 2; G = 2; root Q 0.4.
+        = 1.375 -> a1. Backup (a leaf under B, value 0): Q(B) = 2 + 0.5 * 0 / 2 = 2; G = 2; root value 0.8.
     sim 4 (N = 5, sqrt 2.236): a0: 0 + 0.7 * 2.236 * 1.25 / 3 = 0.652; a1: 1 + 0.3 * 2.236 * 1.25 / 3
         = 1.280 -> a1.
     Root actions: [0, 0, 1, 1, 1].
@@ -114,28 +114,27 @@ def test_a_reward_pulls_the_search_away_from_the_prior():
     assert _root_sequence(model, 5, discount=0.5) == [0, 0, 1, 1, 1]
 
 
-def test_discount_and_the_roots_q_set_the_normalisation():
-    """3 actions, discount 0.9, uniform priors 1/3, root value 10 (seeded root Q 0.9 * 10 = 9).
-    a0 -> X (reward 0, value 10), a1 -> Y (reward 0, value 0), a2 -> Z (reward 5, value 0); below, each
-    state loops to itself with reward 0 and its own value and uniform logits.
+def test_discount_and_the_roots_value_set_the_normalisation():
+    """3 actions, discount 0.9, uniform priors 1/3, root value 10 (the root's seeded min-max entry: its own
+    value 10). a0 -> X (reward 0, value 10), a1 -> Y (reward 0, value 0), a2 -> Z (reward 5, value 0);
+    below, each state loops to itself with reward 0 and its own value and uniform logits.
 
     sim 0 (N = 1): every score 1/3 * 1.25 -> tie -> a0 (lowest index). Backup G = 10: Q(X) = 0.9 * 10 = 9;
-        G = 9; root value_sum 19, N 2, root Q 0.9 * 9.5 = 8.55. min-max [8.55, 9].
-    sim 1 (N = 2): a0: Q_norm (9 - 8.55) / 0.45 = 1 + 1/3 * 1.414 * 1.25 / 2 = 1.295; a1, a2: 1/3 * 1.414 *
-        1.25 = 0.589 -> a0. Inside X (N = 1, both children unvisited): tie -> child 0 (X'). Backup G = 10:
-        Q(X') = 9; G = 9; X: value_sum 19, N 2, Q(X) = 8.55; G = 8.1; root value_sum 27.1, N 3, root Q =
-        0.9 * 9.0333 = 8.13. min-max [8.13, 9].
-    sim 2 (N = 3): a0: Q_norm (8.55 - 8.13) / 0.87 = 0.4828 + 1/3 * 1.732 * 1.25 / 3 = 0.2406 -> 0.7234;
-        a1, a2: 1/3 * 1.732 * 1.2502 = 0.7218 -> a0. Inside X: X' scores 1 + ... > unvisited -> X'; inside X'
-        (N = 1): tie -> X''. Backup G = 10: Q(X'') = 9; X': Q 8.55, G 8.1; X: value_sum 27.1, N 3, Q(X) =
-        0.9 * 9.0333 = 8.13, G = 7.29; root value_sum 34.39, N 4, root Q = 0.9 * 8.5975 = 7.738. min-max
-        [7.738, 9].
-    sim 3 (N = 4): a0: Q_norm (8.13 - 7.738) / 1.262 = 0.311 + 1/3 * 2 * 1.25 / 4 = 0.208 -> 0.519; a1:
-        1/3 * 2 * 1.25 = 0.833 -> a1. Backup G = 0: Q(Y) = 0; root value_sum 34.39, N 5, root Q 6.19.
-        min-max [0, 9].
-    sim 4 (N = 5, sqrt 2.236): a0: 8.13 / 9 = 0.903 + 1/3 * 2.236 * 1.25 / 4 = 0.233 -> 1.136; a1: 0 + 1/3 *
-        2.236 * 1.25 / 2 = 0.466; a2: 1/3 * 2.236 * 1.25 = 0.932 -> a0.
-    Root actions: [0, 0, 0, 1, 0].
+        G = 9; root value_sum 19, N 2, root value 9.5. min-max [9, 10].
+    sim 1 (N = 2, sqrt 1.414): a0: Q_norm (9 - 9) / 1 = 0 + 1/3 * 1.414 * 1.25 / 2 = 0.295; a1, a2: 0 + 1/3 *
+        1.414 * 1.25 = 0.589 -> tie -> a1. Backup G = 0: Q(Y) = 0; G = 0; root value_sum 19, N 3, root
+        value 6.33. min-max [0, 10].
+    sim 2 (N = 3, sqrt 1.732): a0: 9 / 10 = 0.9 + 1/3 * 1.732 * 1.25 / 2 = 0.361 -> 1.261; a1: 0 + 0.361;
+        a2: 0 + 1/3 * 1.732 * 1.25 = 0.722 -> a0. Inside X (N = 1, children unvisited): tie -> X'. Backup
+        G = 10: Q(X') = 9; G = 9; X: value_sum 19, N 2, Q(X) = 0.9 * 9.5 = 8.55; G = 8.1; root value_sum
+        27.1, N 4, root value 6.775. min-max [0, 10].
+    sim 3 (N = 4, sqrt 2): a0: 0.855 + 1/3 * 2 * 1.25 / 3 = 0.278 -> 1.133; a1: 0 + 1/3 * 2 * 1.25 / 2
+        = 0.417; a2: 0 + 1/3 * 2 * 1.25 = 0.833 -> a0. Inside X: X' (Q 9, norm 0.9) beats its unvisited
+        siblings; inside X' a tie -> X''. Backup G = 10: Q(X) = 0.9 * 27.1 / 3 = 8.13; root value_sum 34.39.
+    sim 4 (N = 5, sqrt 2.236): a0: 0.813 + 1/3 * 2.236 * 1.25 / 4 = 0.233 -> 1.046; a1: 0 + 1/3 * 2.236 *
+        1.25 / 2 = 0.466; a2: 1/3 * 2.236 * 1.25 = 0.932 -> a0.
+    Root actions: [0, 1, 0, 0, 0]. (With the root's entry at 0.9 * its value, the reward-0 edge into the
+    root, min-max would hold [8.55, 9] after sim 0: a0 would normalise to 1 and win sim 1 too.)
     """
     u = [0.0, 0.0, 0.0]
     model = ChainModel(
@@ -144,7 +143,7 @@ def test_discount_and_the_roots_q_set_the_normalisation():
         value=[10.0, 10.0, 0.0, 0.0],
         logits=[u, u, u, u],
     )
-    assert _root_sequence(model, 5, discount=0.9) == [0, 0, 0, 1, 0]
+    assert _root_sequence(model, 5, discount=0.9) == [0, 1, 0, 0, 0]
 
 
 def test_stochastic_search_first_simulation_follows_the_prior():
@@ -192,8 +191,8 @@ def test_an_unvisited_child_is_scored_with_its_parents_value():
 
     Every simulation before a1's first goes to a0 and backs up G = 0, so after simulation s - 1 the root has
     N = s + 1 visits (its counted one included), n0 = s, value_sum 10 and mean value 10 / N; min-max holds
-    the root's seeded Q 10, Q(A) = 0 and the root's Q 10 / N: [0, 10], so Q_norm(A) = 0 and the unvisited a1
-    gets Q_norm 1 / N. With c = c(N) ~ 1.25:
+    the root's seeded value 10, Q(A) = 0 and the root's value 10 / N: [0, 10], so Q_norm(A) = 0 and the
+    unvisited a1 gets Q_norm 1 / N. With c = c(N) ~ 1.25:
         a0: 0 + 0.9 * sqrt(N) / N * c = 1.125 / sqrt(N);    a1: 1 / N + 0.1 * sqrt(N) * c.
     sim 0 (N = 1): min-max holds only the seeded 10 (span floored at value_delta_max), so a1's Q_norm is
         normalise(10) = 0: a0 1.125 against 0.125 -> a0.
@@ -211,7 +210,8 @@ def test_the_parent_rule_holds_below_the_root():
     old root (value 10, prior [0.9, 0.1] over A and B).
 
     sim 0 expands X (G = 10). At simulation s >= 1 the descent passes X with N(X) = s visits, mean 10 / s;
-    min-max holds the root's seeded 10, Q(X), Q(A) = 0 and the root's Q 20 / (s + 1) <= 10: [0, 10] as above.
+    min-max holds the root's seeded 10, Q(X), Q(A) = 0 and the root's value 20 / (s + 1) <= 10: [0, 10] as
+    above.
     So X at N(X) = N chooses as the root did at N: its first B comes at N(X) = 6, simulation 6 (7 in all),
     and under the min rule not before N(X) = 10.
     """

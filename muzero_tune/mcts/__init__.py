@@ -23,8 +23,12 @@ Layers (mctx's shape: one backup and one Q transform that every variant shares, 
 Which tests pin which rule:
 
 * ``tests/test_search_rules.py`` -- hand-worked MuZero trees derived from the published formulas: the first
-  simulation follows the prior (root's counted visit), min-max with the root's Q, discount, rewards; the
-  chance-node search shares the root rule.
+  simulation follows the prior (root's counted visit), min-max with the root's own value, discount, rewards;
+  the chance-node search shares the root rule.
+* ``tests/test_search_scale.py`` -- every pUCT search (MuZero, chance nodes, sampled) follows its values on
+  every reward scale and sign, and its visits are unchanged by shifting or scaling rewards and values.
+* ``tests/test_puct_vs_mctx.py`` -- the per-node Q transform (``q_transform="parent_and_siblings"``) against
+  ``mctx.muzero_policy`` with ``qtransform_by_parent_and_siblings`` (visit counts, executed action).
 * ``tests/test_gumbel_vs_mctx.py`` -- Gumbel against ``mctx.gumbel_muzero_policy`` (visit counts, executed
   action, improved policy): per-node completed-Q rescaling, sequential halving, most-visited final action.
 * ``tests/test_mcts.py``, ``tests/test_policy_stochastic_muzero.py``, ``tests/test_policy_gumbel_muzero.py``

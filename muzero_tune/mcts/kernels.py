@@ -40,10 +40,15 @@ The shared rules
     * Q of a node as seen from its parent: ``reward(node) + d(node) * value_sum(node) / visit_count(node)``
       with ``d = discount``, except ``d = 1`` for a chance node (edges into chance nodes carry no reward and
       no discount) when chance edges are on.
-    * Min-max stats: every node on a backup path, the root included, records its Q (the root: ``discount *
-      mean value``, its reward being 0); the root's counted visit records it at preparation, so the stats
-      are never empty once a child has a value. ``normalise(q) = (q - min) / max(max - min,
-      value_delta_max)`` clipped to [0, 1] (0 when that span is 0): a Q is never used unnormalised.
+    * Min-max stats (the ``tree_min_max`` Q transform): every non-root node on a backup path records its Q,
+      and the root records its own mean value ``value_sum / visit_count`` -- the value its children's Qs
+      estimate, so the root's entry lies inside their range (the MuZero pseudocode's ``node.value()``; mctx
+      keeps the parent's value inside its children's range the same way). Recording the Q of an imaginary
+      reward-0 edge into the root (``discount * V``) instead would sit about one reward ``|r|`` away from
+      every child's ``r + discount * V(child)`` and dominate the span on any task with a constant reward.
+      The root's counted visit records it at preparation, so the stats are never empty once a child has a
+      value. ``normalise(q) = (q - min) / max(max - min, value_delta_max)`` clipped to [0, 1] (0 when that
+      span is 0): a Q is never used unnormalised.
     * Expansion: the new node's kind is the opposite of its parent's when chance edges are on (decision
       otherwise); its priors are the softmax of the first ``num_actions`` (decision) or ``num_chances``
       (chance) leaf logits, the rest 0; it stores the staged reward, logits and network value.
@@ -157,21 +162,21 @@ def mix_root_noise(prior, root_noise, root_legal, b, num_edges, noise_weight):
 
 
 @numba.njit(cache=True, _nrt=False, inline="always")
-def count_root_visit(visit_count, value_sum, raw_value, min_value, max_value, root_value, b, discount):
-    """The initial inference is the root's first visit; its Q (reward 0) seeds the min-max stats."""
+def count_root_visit(visit_count, value_sum, raw_value, min_value, max_value, root_value, b):
+    """The initial inference is the root's first visit; its value seeds the min-max stats (module rules:
+    the root's entry is its own value, on its children's scale)."""
     v = root_value[b]
     visit_count[b, 0] = 1
     value_sum[b, 0] = v
     raw_value[b, 0] = v
-    q = 0.0 + discount * (v / 1.0)
-    min_value[b] = q
-    max_value[b] = q
+    min_value[b] = v
+    max_value[b] = v
 
 
 @numba.njit(cache=True, _nrt=False)
 def prepare_roots(children, prior, logits, kind, visit_count, value_sum, reward, raw_value, min_value,
                   max_value, root_legal, root_logits, root_noise, root_value, batch_size, num_nodes,
-                  num_actions, add_noise, noise_weight, discount):
+                  num_actions, add_noise, noise_weight):
     """Reset nodes ``[0, num_nodes)`` of trees ``[0, batch_size)``, set the root priors and count the root's
     initial inference as its first visit (module rules).
 
@@ -196,7 +201,7 @@ def prepare_roots(children, prior, logits, kind, visit_count, value_sum, reward,
                 prior[b, 0, a] = prior[b, 0, a] / total
         if add_noise:
             mix_root_noise(prior, root_noise, root_legal, b, num_actions, noise_weight)
-        count_root_visit(visit_count, value_sum, raw_value, min_value, max_value, root_value, b, discount)
+        count_root_visit(visit_count, value_sum, raw_value, min_value, max_value, root_value, b)
 
 
 @numba.njit(cache=True, _nrt=False, inline="always")
@@ -217,7 +222,7 @@ def attach_leaf(children, kind, reward, raw_value, path, path_len, sel_parent, s
 def backup_path(kind, visit_count, value_sum, reward, min_value, max_value, path, path_len, b, g, discount,
                 chance_edges):
     """Back the leaf value ``g`` up the current path of tree ``b`` (module rules: values, visits, min-max
-    with every node's Q, the root's included, discount, the chance-edge rule)."""
+    with every node's Q and the root's own value, discount, the chance-edge rule)."""
     lo = min_value[b]
     hi = max_value[b]
     for i in range(path_len[b] - 1, -1, -1):
@@ -226,7 +231,10 @@ def backup_path(kind, visit_count, value_sum, reward, min_value, max_value, path
         visit_count[b, node] += 1
         r = reward[b, node]
         d = node_discount(kind, b, node, discount, chance_edges)
-        q = r + d * (value_sum[b, node] / visit_count[b, node])
+        if i == 0:  # the root: its value, not the Q of an edge into it (the reward-0 edge would sit |r| off)
+            q = value_sum[b, node] / visit_count[b, node]
+        else:
+            q = r + d * (value_sum[b, node] / visit_count[b, node])
         if q < lo:
             lo = q
         if q > hi:

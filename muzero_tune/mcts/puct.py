@@ -11,12 +11,17 @@ The rule
     Score of edge ``a`` at a decision node with ``N`` visits (the root's include its counted first visit):
     ``Q_norm(child) + prior(a) * sqrt(N) / (1 + n(a)) * (pb_c_init + log((N + pb_c_base + 1) / pb_c_base))``,
     ``Q_norm = normalise(Q(child))`` for a visited child; for an unvisited one either 0, the bottom of the
-    min-max span (``UNVISITED_MIN``: the MuZero paper's pseudocode, mctx's
-    ``qtransform_by_parent_and_siblings``), or ``normalise(v(node))``, the node's own mean value
-    ``value_sum / visit_count`` (``UNVISITED_PARENT``: an untried action is assumed worth what the state is
-    worth so far; the reference system uses its visited children's mean Q). Under the min rule a search
-    without root noise rarely tries an action the prior ranks low, so it follows the prior; the parent rule
-    is the evaluation default for that reason (README, "LunarLander"). Illegal root edges score -inf.
+    span (``UNVISITED_MIN``: the MuZero paper's pseudocode, mctx's ``qtransform_by_parent_and_siblings``),
+    or ``normalise(v(node))``, the node's own mean value ``value_sum / visit_count`` (``UNVISITED_PARENT``:
+    an untried action is assumed worth what the state is worth so far; the reference system uses its
+    visited children's mean Q). Illegal root edges score -inf.
+
+    The span ``normalise`` uses (``q_transform``): ``Q_TREE_MIN_MAX``, the tree's min-max stats (every Q
+    backed up in this tree, the root's own value included; :mod:`muzero_tune.mcts.kernels`), or
+    ``Q_PARENT_AND_SIBLINGS``, per node: the node's own mean value and its visited children's Qs (mctx's
+    ``qtransform_by_parent_and_siblings``, with ``value_delta_max`` as its epsilon). Both spans contain the
+    node's value, so a child better than the state so far normalises above an unvisited sibling's 0 on
+    every reward scale.
     Ties: lowest index if ``deterministic``, else uniform (numba RNG) among the edges within
     ``TIE_TOLERANCE`` of the maximum.
 
@@ -40,15 +45,43 @@ UNVISITED_MIN = 0
 UNVISITED_PARENT = 1
 UNVISITED_Q = {"min": UNVISITED_MIN, "parent": UNVISITED_PARENT}
 
+# The range a child's Q is normalised over (``q_transform`` of the kernels): the tree's min-max stats, or the
+# node's own value and its visited children's Qs (mctx's ``qtransform_by_parent_and_siblings``).
+Q_TREE_MIN_MAX = 0
+Q_PARENT_AND_SIBLINGS = 1
+Q_TRANSFORM = {"tree_min_max": Q_TREE_MIN_MAX, "parent_and_siblings": Q_PARENT_AND_SIBLINGS}
+
 # fmt: off
 # The kernels take every tree array explicitly (numba compiles one signature per kernel); one argument per
 # line would make each signature and call 20-30 lines long, so the formatter leaves this module as written.
 
 @numba.njit(cache=True, _nrt=False, inline="always")
+def parent_and_siblings(children, kind, visit_count, value_sum, reward, b, node, num_actions, discount,
+                        chance_edges):
+    """(lo, hi): the range of decision node ``node``'s own mean value and its visited children's Qs."""
+    lo = value_sum[b, node] / visit_count[b, node]
+    hi = lo
+    for a in range(num_actions):
+        child = children[b, node, a]
+        if child >= 0:
+            d = node_discount(kind, b, child, discount, chance_edges)
+            q = reward[b, child] + d * (value_sum[b, child] / visit_count[b, child])
+            if q < lo:
+                lo = q
+            if q > hi:
+                hi = q
+    return lo, hi
+
+
+@numba.njit(cache=True, _nrt=False, inline="always")
 def puct_edge(children, prior, kind, visit_count, value_sum, reward, root_legal, scores, b, node, lo, hi,
               num_actions, pb_c_base, pb_c_init, discount, value_delta_max, deterministic, chance_edges,
-              unvisited_q):
-    """The pUCT edge at decision node ``node`` of tree ``b`` (module rule); scores [Bc, W] is scratch."""
+              unvisited_q, q_transform):
+    """The pUCT edge at decision node ``node`` of tree ``b`` (module rule); scores [Bc, W] is scratch.
+    (lo, hi): the tree's min-max stats, read only under ``Q_TREE_MIN_MAX``."""
+    if q_transform == Q_PARENT_AND_SIBLINGS:
+        lo, hi = parent_and_siblings(children, kind, visit_count, value_sum, reward, b, node, num_actions,
+                                     discount, chance_edges)
     n_parent = visit_count[b, node]
     sqrt_n = math.sqrt(n_parent)
     pb_c = pb_c_init + math.log((n_parent + pb_c_base + 1.0) / pb_c_base)
@@ -103,13 +136,13 @@ def _make_select_leaves(chance_edges):
     def select_leaves(children, prior, kind, visit_count, value_sum, reward, min_value, max_value,
                       root_legal, scores, path, path_len, sel_parent, sel_action, sel_kind, batch_size,
                       num_actions, num_chances, pb_c_base, pb_c_init, discount, value_delta_max,
-                      deterministic, chance_mode, unvisited_q):
+                      deterministic, chance_mode, unvisited_q, q_transform):
         """Descend every tree from the root until an unexpanded edge is chosen.
 
         Writes path[b, :path_len[b]] (root .. parent), sel_parent[b], sel_action[b] and sel_kind[b] (the kind
         of sel_parent: which network call expands the edge) for b < batch_size. ``unvisited_q``: one of
-        :data:`UNVISITED_Q`'s values. Without chance edges every node is a decision node and the chance rule
-        is not compiled in.
+        :data:`UNVISITED_Q`'s values; ``q_transform``: one of :data:`Q_TRANSFORM`'s. Without chance edges
+        every node is a decision node and the chance rule is not compiled in.
         """
         for b in range(batch_size):
             lo = min_value[b]
@@ -123,7 +156,8 @@ def _make_select_leaves(chance_edges):
                 else:
                     edge = puct_edge(children, prior, kind, visit_count, value_sum, reward, root_legal,
                                      scores, b, node, lo, hi, num_actions, pb_c_base, pb_c_init, discount,
-                                     value_delta_max, deterministic, chance_edges, unvisited_q)
+                                     value_delta_max, deterministic, chance_edges, unvisited_q,
+                                     q_transform)
                 child = children[b, node, edge]
                 if child < 0:
                     break

@@ -28,9 +28,12 @@ The rules (shared)
       value_sum = the network's root value (mctx, LightZero), so the children's visits sum to S.
     * Q(node) = reward(node) + d(node) * value_sum(node) / visit_count(node); d = discount, or 1 for a
       chance node (no reward, no discount into a chance node).
-    * Min-max stats per tree: every node on a backup path, the root included, records its Q; the root's
-      counted visit records Q(root) = discount * root value at preparation.
+    * Min-max stats per tree (``q_transform="tree_min_max"``): every non-root node on a backup path records
+      its Q, the root its own mean value value_sum / visit_count (on its children's scale); the root's
+      counted visit records the root value at preparation.
       normalise(Q) = (Q - min) / max(max - min, value_delta_max) clipped to [0, 1], 0 when that span is 0.
+      ``q_transform="parent_and_siblings"``: the same normalise over a per-node range instead, the node's
+      own mean value and its visited children's Qs (mctx's ``qtransform_by_parent_and_siblings``).
     * Expansion: the new node stores the predicted reward, its logits and network value, and the softmax of
       its logits (over A actions for a decision node, C codes for a chance node).
     * Backup from leaf to root: G = value(leaf); for each node: value_sum += G, visit_count += 1,
@@ -56,6 +59,7 @@ import torch
 
 from muzero_tune.mcts import sampled_kernels as smk
 from muzero_tune.mcts.gumbel_kernels import TINY, considered_visit_table
+from muzero_tune.mcts.sampled import resolved_sampled_prior
 from muzero_tune.mcts.search import RecurrentFn, SearchOutput
 
 _TIE_TOLERANCE = 1e-9
@@ -130,7 +134,6 @@ def _make_root(
     latent: torch.Tensor,
     noise: np.ndarray | None,
     noise_weight: float,
-    discount: float,
     priors: list[float] | None = None,
 ) -> tuple[_Node, _MinMax]:
     """The root with its priors (softmax of the legal logits unless ``priors`` is given; noise mixed in over
@@ -151,7 +154,7 @@ def _make_root(
     root = _Node(kind=DECISION, reward=0.0, logits=list(logits), priors=priors, value=value, latent=latent)
     root.visit_count = 1
     root.value_sum = value
-    return root, _MinMax(0.0 + discount * (value / 1.0))
+    return root, _MinMax(value / 1.0)
 
 
 def _expand(
@@ -176,10 +179,11 @@ def _expand(
 
 def _backup(path: list[_Node], g: float, minmax: _MinMax, discount: float) -> None:
     """Back the leaf value ``g`` up ``path`` (root first) with the shared rules."""
-    for node in reversed(path):
+    for i in range(len(path) - 1, -1, -1):
+        node = path[i]
         node.value_sum += g
         node.visit_count += 1
-        minmax.update(node.q(discount))
+        minmax.update(node.value_sum / node.visit_count if i == 0 else node.q(discount))
         d = 1.0 if node.kind == CHANCE else discount
         g = node.reward + d * g
 
@@ -202,7 +206,13 @@ def _puct_edge(
     deterministic: bool,
     unvisited_q: str,
     tie_break,
+    q_transform: str = "tree_min_max",
 ) -> int:
+    if q_transform == "parent_and_siblings":
+        minmax = _MinMax(node.value_sum / node.visit_count)
+        for child in node.children:
+            if child is not None:
+                minmax.update(child.q(discount))
     n_parent = node.visit_count
     pb_c = pb_c_init + math.log((n_parent + pb_c_base + 1.0) / pb_c_base)
     q_unvisited = 0.0
@@ -230,14 +240,13 @@ def _root_value(roots: list[_Node]) -> np.ndarray:
     return np.array([r.value_sum / r.visit_count for r in roots], dtype=np.float32)
 
 
-def _prepare_batch(root_latent, root_policy_logits, legal_mask, root_value, noise, noise_weight, discount):
+def _prepare_batch(root_latent, root_policy_logits, legal_mask, root_value, noise, noise_weight):
     roots, bounds, legal_rows = [], [], []
     for b in range(np.shape(root_policy_logits)[0]):
         legal = [bool(x) for x in legal_mask[b]]
         root, minmax = _make_root(
             logits=[float(x) for x in root_policy_logits[b]], legal=legal, value=float(root_value[b]),
             latent=root_latent[b], noise=None if noise is None else noise[b], noise_weight=noise_weight,
-            discount=discount,
         )  # fmt: skip
         roots.append(root)
         bounds.append(minmax)
@@ -263,13 +272,14 @@ def reference_search(
     noise_weight: float = 0.25,
     value_delta_max: float = 0.01,
     unvisited_q: str = "min",
+    q_transform: str = "tree_min_max",
 ) -> SearchOutput:
     """MuZero's search (module rules); same arguments, randomness consumption and output as
     :meth:`muzero_tune.mcts.search.MuZeroSearch.run`."""
     bsz, num_actions = np.shape(root_policy_logits)
     noise = rng.standard_gamma(dirichlet_alpha, size=(bsz, num_actions)) if add_noise else None
     roots, bounds, legal_rows = _prepare_batch(
-        root_latent, root_policy_logits, legal_mask, root_value, noise, noise_weight, discount
+        root_latent, root_policy_logits, legal_mask, root_value, noise, noise_weight
     )
     knobs = dict(
         pb_c_base=pb_c_base,
@@ -278,6 +288,7 @@ def reference_search(
         value_delta_max=value_delta_max,
         deterministic=deterministic,
         unvisited_q=unvisited_q,
+        q_transform=q_transform,
         tie_break=lambda n: int(rng.integers(0, n)),
     )
     with torch.no_grad():
@@ -337,6 +348,7 @@ def reference_stochastic_search(
     noise_weight: float = 0.25,
     value_delta_max: float = 0.01,
     unvisited_q: str = "min",
+    q_transform: str = "tree_min_max",
 ) -> tuple[np.ndarray, np.ndarray, list[_Node], int]:
     """Stochastic MuZero's search (module rules and :mod:`muzero_tune.mcts.chance`). Randomness: the same
     ``rng`` calls as :class:`~muzero_tune.mcts.stochastic.StochasticMuZeroSearch`, then a legacy
@@ -346,7 +358,7 @@ def reference_stochastic_search(
     noise = rng.standard_gamma(dirichlet_alpha, size=(bsz, num_actions)) if add_noise else None
     rs = np.random.RandomState(int(rng.integers(0, 2**31 - 1)))
     roots, bounds, legal_rows = _prepare_batch(
-        root_latent, root_policy_logits, legal_mask, root_value, noise, noise_weight, discount
+        root_latent, root_policy_logits, legal_mask, root_value, noise, noise_weight
     )
     knobs = dict(
         pb_c_base=pb_c_base,
@@ -355,6 +367,7 @@ def reference_stochastic_search(
         value_delta_max=value_delta_max,
         deterministic=deterministic,
         unvisited_q=unvisited_q,
+        q_transform=q_transform,
         tie_break=lambda n: rs.randint(0, n),
     )
 
@@ -478,7 +491,7 @@ def reference_gumbel_search(
     knobs = dict(discount=discount, value_delta_max=value_delta_max, c_visit=c_visit, c_scale=c_scale)
     gumbel = rng.gumbel(size=(bsz, num_actions)) * gumbel_scale if add_noise else np.zeros((bsz, num_actions))
     roots, bounds, legal_rows = _prepare_batch(
-        root_latent, root_policy_logits, legal_mask, root_value, None, 0.0, discount
+        root_latent, root_policy_logits, legal_mask, root_value, None, 0.0
     )
     table = considered_visit_table(min(max_num_considered_actions, num_actions), num_simulations)
     considered, k_of = [], []
@@ -623,7 +636,7 @@ def reference_sampled_search(
     rng: np.random.Generator,
     root_value: np.ndarray,
     action_dim: int = 1,
-    sampled_prior: str = "uniform",
+    sampled_prior: str = "auto",
     pb_c_base: float = 19652.0,
     pb_c_init: float = 1.25,
     discount: float = 0.997,
@@ -631,6 +644,7 @@ def reference_sampled_search(
     noise_weight: float = 0.25,
     value_delta_max: float = 0.01,
     unvisited_q: str = "min",
+    q_transform: str = "tree_min_max",
 ) -> SearchOutput:
     """Sampled MuZero's search (rules: :mod:`muzero_tune.mcts.sampled_kernels`; selection, noise, the root's
     counted visit and the backup as MuZero's); same arguments, randomness and output as
@@ -648,8 +662,9 @@ def reference_sampled_search(
             return rng.standard_normal(size=(bsz, num_samples, action_dim)), np.zeros((bsz, 1))
         return np.zeros((bsz, num_samples, 1)), rng.gumbel(size=(bsz, num_env_actions))
 
+    uniform_prior = resolved_sampled_prior(sampled_prior, action_kind) == "uniform"
     sampling = dict(continuous=continuous, num_samples=num_samples, action_dim=action_dim,
-                    uniform_prior=sampled_prior == "uniform")  # fmt: skip
+                    uniform_prior=uniform_prior)  # fmt: skip
     normal, gumbel = draw()
     roots, bounds, slot_legal = [], [], []
     for b in range(bsz):
@@ -661,7 +676,7 @@ def reference_sampled_search(
         root, minmax = _make_root(logits=params, legal=valid, value=float(root_value[b]),
                                   latent=root_latent[b],
                                   noise=None if noise is None else noise[b], noise_weight=noise_weight,
-                                  discount=discount, priors=priors)  # fmt: skip
+                                  priors=priors)  # fmt: skip
         root.actions = actions
         roots.append(root)
         bounds.append(minmax)
@@ -673,6 +688,7 @@ def reference_sampled_search(
         value_delta_max=value_delta_max,
         deterministic=deterministic,
         unvisited_q=unvisited_q,
+        q_transform=q_transform,
         tie_break=None if rs is None else (lambda n: rs.randint(0, n)),
     )
     with torch.no_grad():

@@ -33,7 +33,7 @@ from muzero_tune.mcts import sampled_kernels as smk
 from muzero_tune.mcts.search import MuZeroSearch, Step, _check_shape, _stage, call_recurrent, fast
 from muzero_tune.mcts.tree import TreeArrays
 
-SAMPLED_PRIORS = ("uniform", "density")
+SAMPLED_PRIORS = ("auto", "uniform", "density")
 ACTION_KINDS = ("discrete", "continuous")
 
 
@@ -72,8 +72,12 @@ class SampledSearch(MuZeroSearch):
         action_kind: ``"continuous"`` or ``"discrete"``.
         action_dim: D, the continuous action size (1 for discrete).
         num_actions: A, the number of discrete actions (ignored for continuous).
-        sampled_prior: ``"uniform"`` (1/K per sampled edge, the paper's rule for samples from pi) or
-            ``"density"`` (pi renormalised over the sampled actions).
+        sampled_prior: ``"uniform"`` (1/K per sampled edge), ``"density"`` (pi renormalised over the
+            sampled actions) or ``"auto"``: the prior that is right for each sampling scheme. Continuous
+            actions are K independent draws from pi, for which the paper's beta_hat / beta * pi is 1/K
+            (uniform). Discrete actions are K distinct actions drawn without replacement, where 1/K would
+            throw pi away (with K = A every action gets 1/K whatever pi says); pi renormalised over the
+            sample (density) is right there, and with K = A it is MuZero's prior exactly.
     """
 
     def __init__(
@@ -84,7 +88,7 @@ class SampledSearch(MuZeroSearch):
         num_simulations: int,
         action_dim: int = 1,
         num_actions: int = 1,
-        sampled_prior: str = "uniform",
+        sampled_prior: str = "auto",
         **knobs,
     ) -> None:
         if action_kind not in ACTION_KINDS:
@@ -103,7 +107,7 @@ class SampledSearch(MuZeroSearch):
         self.action_dim = int(action_dim) if continuous else 1
         self.num_env_actions = 1 if continuous else int(num_actions)
         self.num_params = 2 * self.action_dim if continuous else self.num_env_actions
-        self.sampled_prior = sampled_prior
+        self.sampled_prior = resolved_sampled_prior(sampled_prior, action_kind)
         tree = SampledTreeArrays(
             num_samples=num_samples,
             action_dim=self.action_dim,
@@ -157,7 +161,7 @@ class SampledSearch(MuZeroSearch):
             t.root_params,
             t.normal_noise, t.gumbel_noise, t.action_legal, t.taken, bsz, self._num_simulations + 1,
             self._num_actions, self.action_dim, self.num_env_actions, self.continuous,
-            self.sampled_prior == "uniform", add_noise, self.noise_weight, self.discount,
+            self.sampled_prior == "uniform", add_noise, self.noise_weight,
         )  # fmt: skip
 
     def _env_actions(self, bsz: int, nodes: np.ndarray, slots: np.ndarray) -> np.ndarray:
@@ -197,3 +201,11 @@ class SampledSearch(MuZeroSearch):
         actions = t.node_actions[:bsz, 0]  # [B, K, D]
         sampled = actions.astype(np.float32) if self.continuous else actions[..., 0].astype(np.int64)
         return {"sampled_actions": sampled, "sampled_mask": t.root_legal[:bsz].copy()}
+
+
+def resolved_sampled_prior(sampled_prior: str, action_kind: str) -> str:
+    """``"uniform"`` or ``"density"``: ``sampled_prior`` with ``"auto"`` resolved for ``action_kind``
+    (uniform for continuous draws, density for discrete samples without replacement)."""
+    if sampled_prior != "auto":
+        return sampled_prior
+    return "uniform" if action_kind == "continuous" else "density"

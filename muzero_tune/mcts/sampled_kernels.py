@@ -118,7 +118,7 @@ def sample_node(node_actions, prior, slot_score, params, normal_noise, gumbel_no
 def prepare_roots(children, prior, kind, visit_count, value_sum, reward, raw_value, min_value, max_value,
                   root_legal, root_noise, root_value, node_actions, slot_score, root_params, normal_noise,
                   gumbel_noise, action_legal, taken, batch_size, num_nodes, num_slots, action_dim,
-                  num_env_actions, continuous, uniform_prior, add_noise, noise_weight, discount):
+                  num_env_actions, continuous, uniform_prior, add_noise, noise_weight):
     """Reset the trees, sample every root's K edges (``root_legal[b, k]`` = slot k is valid), mix the
     Dirichlet noise (root_noise [Bc, K] raw Gamma draws) into their priors and count the roots' first
     visits."""
@@ -131,7 +131,7 @@ def prepare_roots(children, prior, kind, visit_count, value_sum, reward, raw_val
             root_legal[b, k] = k < num_valid
         if add_noise:
             mix_root_noise(prior, root_noise, root_legal, b, num_slots, noise_weight)
-        count_root_visit(visit_count, value_sum, raw_value, min_value, max_value, root_value, b, discount)
+        count_root_visit(visit_count, value_sum, raw_value, min_value, max_value, root_value, b)
 
 
 @numba.njit(cache=True, _nrt=False)

@@ -407,7 +407,7 @@ class TreeSearch(Search):
         fast(kernels.prepare_roots)(
             t.children, t.prior, t.logits, t.kind, t.visit_count, t.value_sum, t.reward, t.raw_value,
             t.min_value, t.max_value, t.root_legal, t.root_logits, t.root_noise, t.root_value, bsz,
-            self._num_simulations + 1, self._num_actions, add_noise, self._noise_weight(), self.discount,
+            self._num_simulations + 1, self._num_actions, add_noise, self._noise_weight(),
         )  # fmt: skip
 
     def _noise_weight(self) -> float:
@@ -525,8 +525,10 @@ class MuZeroSearch(TreeSearch):
     the prior, and ``root_value`` of the output is the mean over the network's root value and the
     ``num_simulations`` backed-up returns.
 
-    ``unvisited_q`` scores an unvisited child with the bottom of the min-max span (``"min"``, the MuZero
-    paper's rule) or with its parent's mean value (``"parent"``); :mod:`muzero_tune.mcts.puct` states both.
+    ``unvisited_q`` scores an unvisited child with the bottom of the span (``"min"``, the MuZero paper's
+    rule) or with its parent's mean value (``"parent"``); ``q_transform`` normalises Q over the tree's
+    min-max stats (``"tree_min_max"``) or per node over its value and its visited children's Qs
+    (``"parent_and_siblings"``, mctx's rule); :mod:`muzero_tune.mcts.puct` states them.
 
     Randomness consumed from ``rng`` per :meth:`run`: if ``add_noise``, one
     ``rng.standard_gamma(dirichlet_alpha, size=(B, A))`` call (normalised over the legal actions of each row
@@ -549,9 +551,12 @@ class MuZeroSearch(TreeSearch):
         noise_weight: float = 0.25,
         value_delta_max: float = 0.01,
         unvisited_q: str = "min",
+        q_transform: str = "tree_min_max",
         tree: TreeArrays | None = None,
     ) -> None:
         run_unvisited = _unvisited_code(unvisited_q)  # checked before any storage is allocated
+        if q_transform not in puct.Q_TRANSFORM:
+            raise ValueError(f"q_transform must be one of {sorted(puct.Q_TRANSFORM)}, got {q_transform!r}")
         if dirichlet_alpha <= 0.0:
             raise ValueError(f"dirichlet_alpha must be > 0, got {dirichlet_alpha}")
         if not 0.0 <= noise_weight <= 1.0:
@@ -569,6 +574,7 @@ class MuZeroSearch(TreeSearch):
         self.noise_weight = float(noise_weight)
         self.unvisited_q = unvisited_q
         self._run_unvisited = run_unvisited
+        self.q_transform = q_transform
 
     def run(self, *, unvisited_q: str | None = None, **kwargs) -> SearchOutput:
         """:meth:`TreeSearch.run`; ``unvisited_q`` (``"min"`` or ``"parent"``) overrides the instance's rule
@@ -602,6 +608,7 @@ class MuZeroSearch(TreeSearch):
             t.root_legal, t.scores, t.path, t.path_len, t.sel_parent, t.sel_action, t.sel_kind, bsz,
             self._num_actions, self.num_chances, self.pb_c_base, self.pb_c_init, self.discount,
             self.value_delta_max, deterministic, self._chance_mode, self._run_unvisited,
+            puct.Q_TRANSFORM[self.q_transform],
         )  # fmt: skip
         return lambda sim: kernel(*args)
 

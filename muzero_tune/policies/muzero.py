@@ -94,6 +94,7 @@ class MuZeroPolicy(Policy):
             noise_weight=m.root_noise_weight,
             value_delta_max=m.value_delta_max,
             unvisited_q=m.unvisited_q,
+            q_transform=m.q_transform,
         )
 
     def _make_search(self):

@@ -6,8 +6,9 @@ part is one mixin, :class:`SampledPolicyMixin`, so both types share it):
 
 * **Search** -- :class:`~muzero_tune.mcts.sampled.SampledSearch`: K = ``policy.num_samples`` actions
   sampled at every node (tanh-Gaussian for continuous actions, Gumbel-top-K without replacement for
-  discrete ones), pUCT with ``policy.sampled_prior`` (``uniform``: 1/K, the paper's beta_hat/beta*pi for
-  samples from pi; ``density``: pi renormalised over the samples), Dirichlet noise over the K edges.
+  discrete ones), pUCT with ``policy.sampled_prior`` (``auto``, the default: 1/K for continuous draws,
+  the paper's beta_hat/beta*pi for independent samples from pi; pi renormalised over the K distinct discrete
+  actions, drawn without replacement), Dirichlet noise over the K edges.
 * **Model** -- discrete: the type's usual network (logits over A). Continuous: the MLP network with the
   action vector as dynamics input and a Gaussian head ``[mu, log_sigma]``
   (:mod:`muzero_tune.models.sampled_net`).
