@@ -832,6 +832,19 @@ PRESETS["lunarlander_efficientzero"] = {
     "exp_name": "lunarlander_efficientzero",
     "policy.type": "efficientzero",
 }
+# CartPole with its velocities hidden (muzero_tune/CartPoleNoVel-v1: only the cart position and the pole angle
+# are observed; solved at eval mean >= 195 over 8 episodes): the velocities have to be inferred from the
+# history, which the recurrent, context and UniZero types carry; plain muzero with frame_stack 1 sees only
+# one frame. Each is the type's CartPole preset with the env switched.
+for _ptype in ("muzero_rnn_full_obs", "muzero_context", "unizero", "muzero"):
+    PRESETS[f"cartpole_novel_{_ptype}"] = {
+        **PRESETS[f"cartpole_{_ptype}"],
+        "exp_name": f"cartpole_novel_{_ptype}",
+        "env.env_id": "muzero_tune/CartPoleNoVel-v1",
+        "env.frame_stack": 1,
+        "max_env_step": 50_000,
+        "stop_value": 195.0,
+    }
 
 # ---------------------------------------------------------------------------------------------- overrides
 

@@ -25,9 +25,9 @@ from muzero_tune.pipeline.core import EVAL_SEED_OFFSET, make_policy, setup_torch
 from muzero_tune.pipeline.evaluator import Evaluator
 from muzero_tune.policies.sampled_unizero import SampledUniZeroPolicy
 from muzero_tune.policies.unizero import TARGET_LATENT
-from muzero_tune.replay.buffer import SampledIndices
-from muzero_tune.replay.segment import GameSegment
-from muzero_tune.replay.targets import TrainBatch
+from muzero_tune.replay.buffer import ReplayBuffer, SampledIndices
+from muzero_tune.replay.segment import GameSegment, SegmentBuilder
+from muzero_tune.replay.targets import TrainBatch, past_steps, reanalyze_positions
 
 PRESET = "pendulum_sampled_unizero"
 K = 4  # sampled actions per node
@@ -96,7 +96,8 @@ def _non_policy_terms(policy, model) -> float:
 def test_hand_computed_continuous_loss():
     """Zeroed heads: the Gaussian is N(0, 1) (mu = 0, log sigma = 0) at every observation token, so the policy
     term at step k is -sum_slots p log q(a) with q the tanh-N(0, 1) density (written out here, independent of
-    the library's), and the entropy bonus is w x 0.5 log(2 pi e) per real step -- once, not twice."""
+    the library's), and the entropy bonus is w x 0.5 log(2 pi e) per real step -- once, not twice; both are
+    means over the real steps (policy_mask), not over all K+1."""
     policy, model = _policy()
     assert isinstance(policy, SampledUniZeroPolicy) and model.policy_dim == 2
     _zero_heads(model)
@@ -114,13 +115,10 @@ def test_hand_computed_continuous_loss():
     ce = -(visits * log_q).sum(-1)  # [B, K+1]
     h = 0.5 * math.log(2 * math.pi * math.e)
     lc, pc = policy.cfg.learn, policy.cfg.policy
-    want = (
-        _non_policy_terms(policy, model)
-        + lc.policy_loss_weight * (ce * pmask).mean(1)
-        - pc.policy_entropy_weight * h * pmask.mean(1)
-    )
+    policy_ce = (ce * pmask).sum(1) / pmask.sum(1)  # the mean over the valid steps (2 of sample 1's 4)
+    want = _non_policy_terms(policy, model) + lc.policy_loss_weight * policy_ce - pc.policy_entropy_weight * h
     np.testing.assert_allclose(out.per_sample_loss.detach().numpy(), want, rtol=1e-5)
-    np.testing.assert_allclose(out.metrics["train/loss_policy"], ((ce * pmask).mean(1)).mean(), rtol=1e-5)
+    np.testing.assert_allclose(out.metrics["train/loss_policy"], policy_ce.mean(), rtol=1e-5)
     out.loss.backward()
     assert model.policy_head[-1].weight.grad.abs().sum() > 0
 
@@ -270,6 +268,67 @@ def test_root_is_the_uncached_window_and_new_weights_mid_episode_are_used_at_onc
     # control: the old weights give other Gaussian params (the test can fail)
     old = _reference_root(policy, old_model, obs[:6], taken)
     assert (old.policy_logits - roots.policy_logits).abs().max() > 1e-3
+
+
+def test_bootstrap_values_and_reanalyze_roots_are_the_acting_roots_with_continuous_actions():
+    """As unizero's: at every stored observation of a Pendulum episode cut into segments of 4 steps (float
+    actions [N, H, 1] in the windows), value_fn with the past steps the targets gather is the value acting
+    computed there, and the buffer reanalyze searches from acting's roots (Gaussian params); the observation
+    alone gives other values."""
+    policy, model = _policy()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.2 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
+    model.eval()
+    rc, length = policy.cfg.replay, 9
+    builder = SegmentBuilder(segment_length=4, pad_length=rc.num_unroll_steps + rc.td_steps, frame_stack=1,
+                             stream_id="p:0", action_shape=(1,), action_dtype="float32")  # fmt: skip
+    env = gym.make("Pendulum-v1")
+    builder.reset(np.asarray(env.reset(seed=0)[0], np.float32))
+    searched, search = [], policy._search_from
+
+    def spy(model, roots_, legal_mask, **kw):
+        searched.append(roots_)
+        return search(model, roots_, legal_mask, **kw)
+
+    policy._search_from = spy
+    state, values, segments = policy.initial_act_state(1), [], []
+    for step in range(length + 1):
+        act = _act(policy, model, builder.current_frames().astype(np.float32), state)
+        state, values = act.state, values + [act.predicted_value[0]]
+        if step == length:
+            break
+        frame, reward, *_ = env.step(2.0 * act.actions[0])
+        segments += builder.step(action=act.actions[0], reward=float(reward),
+                                 next_frame=np.asarray(frame, np.float32),
+                                 stats={k: v[0] for k, v in act.step_stats.items()}, terminated=False,
+                                 truncated=step + 1 == length)  # fmt: skip
+    acting_roots = list(searched)
+    buf = ReplayBuffer(capacity_transitions=100)
+    buf.push(segments)
+    assert policy.context_steps == 3 and len(buf.segments) == 3
+    where = [(j, q) for j, seg in enumerate(buf.segments) for q in range(seg.num_stored + 1)]
+    g = np.array([buf.base_idx + j for j, _ in where])
+    pos = np.array([q for _, q in where])
+    steps = np.array([buf.segments[j].episode_step0 + q for j, q in where])
+    obs = np.stack([buf.segments[j].stacked_obs(np.array([q]))[0] for j, q in where]).reshape(len(where), -1)
+    past = past_steps(buf.step_rows(g), pos, np.arange(len(where)), policy.context_steps)
+    assert past.actions.shape == (len(where), 3, 1) and past.actions.dtype == np.float32
+    got = policy.value_fn(model)(obs, past)
+    np.testing.assert_allclose(got, np.array(values)[steps], rtol=1e-5, atol=1e-5)
+    alone = policy.value_fn(model)(obs)  # control (the test can fail)
+    assert np.abs(alone - np.array(values)[steps])[steps > 0].min() > 1e-4
+    searched.clear()
+    starts = np.array([1, 0, 0])  # episode steps 1, 4 and 8: segment starts whose windows reach back
+    reanalyze_positions(list(buf.segments), starts, span=1,
+                        reanalyze_fn=policy.reanalyze_fn(model, np.random.default_rng(0)),
+                        context_steps=policy.context_steps,
+                        rows=buf.step_rows(buf.base_idx + np.arange(3)))  # fmt: skip
+    policy._search_from = search
+    at = [s.episode_step0 + int(t) for s, t in zip(buf.segments, starts)]
+    for name in ("policy_logits", "value_logits"):
+        want = torch.cat([getattr(acting_roots[i], name) for i in at])
+        torch.testing.assert_close(getattr(searched[0], name), want, rtol=1e-5, atol=1e-4)
 
 
 # ---------------------------------------------------------------------------------------------- pipelines

@@ -20,7 +20,16 @@ from muzero_tune.models import logits_to_scalar
 from muzero_tune.models.unizero_net import token_sequence
 from muzero_tune.pipeline.core import make_policy, setup_torch_threads
 from muzero_tune.policies.unizero import TARGET_LATENT, UniZeroPolicy
-from muzero_tune.replay.targets import TrainBatch
+from muzero_tune.replay.buffer import ReplayBuffer, SampledIndices
+from muzero_tune.replay.segment import SegmentBuilder
+from muzero_tune.replay.targets import (
+    PastSteps,
+    TrainBatch,
+    n_step_targets,
+    past_steps,
+    reanalyze_positions,
+    resolve_bootstrap,
+)
 
 PRESET = "cartpole_unizero"
 SMALL = {
@@ -93,28 +102,29 @@ def _reference_root_value(policy, model, obs: list[np.ndarray], actions: list[np
 
 def test_hand_computed_loss():
     """Zeroed heads: every categorical is uniform (CE = log C whatever the target, entropy = log A) and the
-    predicted latent is LayerNorm(0) = 0 (MSE = mean of the target's squares); masks and IS weights apply."""
-    policy, model = _policy({"replay.num_unroll_steps": 2, "learn.batch_size": 2})
+    predicted latent is LayerNorm(0) = 0 (MSE = mean of the target's squares); IS weights apply and each term
+    is the mean over the steps its mask keeps (masked steps are not in the denominator; none kept: 0)."""
+    policy, model = _policy({"replay.num_unroll_steps": 2, "learn.batch_size": 3})
     with torch.no_grad():
         for head in (model.value_head, model.policy_head, model.reward_head, model.latent_head):
             head[-1].weight.zero_()
             head[-1].bias.zero_()
-    b, k, e = 2, 2, model.embed_dim
+    b, k, e = 3, 2, model.embed_dim
     rng = np.random.default_rng(0)
     target_latent = np.full((b, k, e), 2.0, np.float32)
-    target_latent[1] = 3.0
+    target_latent[1, 0], target_latent[1, 1] = 3.0, 5.0  # step 1 of sample 1 is masked out
     pol = rng.dirichlet([1, 1], size=(b, k + 1)).astype(np.float32)
     batch = TrainBatch(
         obs=rng.normal(size=(b, k + 1, 4)).astype(np.float32),
-        actions=np.array([[0, 1], [1, 1]]),
+        actions=np.array([[0, 1], [1, 1], [0, 0]]),
         target_value=rng.normal(size=(b, k + 1)).astype(np.float32) * 5,
         target_reward=np.ones((b, k), np.float32),
         target_policy=pol,
-        value_mask=np.array([[1, 1, 1], [1, 1, 0]], np.float32),
-        reward_mask=np.array([[1, 1], [1, 0]], np.float32),
-        policy_mask=np.array([[1, 1, 1], [1, 0, 0]], np.float32),
-        obs_mask=np.array([[1, 1, 1], [1, 1, 0]], np.float32),
-        weights=np.array([1.0, 0.5], np.float32),
+        value_mask=np.array([[1, 1, 1], [1, 1, 0], [0, 0, 0]], np.float32),
+        reward_mask=np.array([[1, 1], [1, 0], [0, 0]], np.float32),
+        policy_mask=np.array([[1, 1, 1], [1, 0, 0], [0, 0, 0]], np.float32),
+        obs_mask=np.array([[1, 1, 1], [1, 1, 0], [1, 0, 0]], np.float32),
+        weights=np.array([1.0, 0.5, 1.0], np.float32),
         flat_index=np.arange(b),
         make_time=0,
         extras={TARGET_LATENT: target_latent},
@@ -124,15 +134,14 @@ def test_hand_computed_loss():
     lv = math.log(2 * model.value_support_size + 1)
     lr = math.log(2 * model.reward_support_size + 1)
     la = math.log(2)
-    # sample 0: all masks 1. sample 1: value 2/3, reward 1/2, policy 1/3, next-latent obs 1/2 of the steps
-    want = np.array([
-        pc.latent_loss_weight * 4.0 + lc.value_loss_weight * lv + lc.reward_loss_weight * lr
-        + lc.policy_loss_weight * la - pc.policy_entropy_weight * la,
-        pc.latent_loss_weight * 9.0 / 2 + lc.value_loss_weight * lv * 2 / 3 + lc.reward_loss_weight * lr / 2
-        + (lc.policy_loss_weight - pc.policy_entropy_weight) * la / 3,
-    ])  # fmt: skip
+    # sample 0: all masks 1. sample 1: each term the mean over its valid steps -- the same constant CEs, the
+    # latent term 3^2 (step 0 alone; over all steps it would be (9 + 0) / 2 or (9 + 25) / 2). sample 2: no
+    # valid step of any term (obs_mask[:, 1:] is all 0): a zero loss, not NaN
+    full = (lc.value_loss_weight * lv + lc.reward_loss_weight * lr + lc.policy_loss_weight * la
+            - pc.policy_entropy_weight * la)  # fmt: skip
+    want = np.array([pc.latent_loss_weight * 4.0 + full, pc.latent_loss_weight * 9.0 + full, 0.0])
     np.testing.assert_allclose(out.per_sample_loss.detach().numpy(), want, rtol=1e-5)
-    np.testing.assert_allclose(float(out.loss.detach()), (want * [1.0, 0.5]).mean(), rtol=1e-5)
+    np.testing.assert_allclose(float(out.loss.detach()), (want * [1.0, 0.5, 1.0]).mean(), rtol=1e-5)
     np.testing.assert_allclose(out.priorities, np.abs(batch.target_value[:, 0]) + 1e-6, rtol=1e-5)
     assert out.metrics["train/train_iter"] == 7.0
     out.loss.backward()
@@ -260,6 +269,178 @@ def test_collect_and_eval_states_are_separate():
     assert sc is not se and sc.ctx is not se.ctx
 
 
+# ------------------------------------------------------------------------ targets in the acting context
+
+CONTEXT = {"replay.num_unroll_steps": 3, "replay.td_steps": 2, "policy.context_tokens": 8}  # S = 4, H = 3
+
+
+def _play(policy, model, lengths: list[int], *, segment_length: int = 4):
+    """One CartPole env acted on by ``policy`` for episodes cut after ``lengths`` steps, its steps recorded
+    by a SegmentBuilder as the collector does (segments of ``segment_length`` that start mid-episode).
+    Returns the segments and the acting root's (value logits, policy logits) per (episode, step) -- also at
+    each episode's last observation (its root as acting would build it next)."""
+    rc = policy.cfg.replay
+    builder = SegmentBuilder(segment_length=segment_length, pad_length=rc.num_unroll_steps + rc.td_steps,
+                             frame_stack=1, stream_id="c:0")  # fmt: skip
+    env = gym.make("CartPole-v1")
+    roots, searched, segments = {}, [], []
+    search = policy._search_from
+
+    def spy(model, roots_, legal_mask, **kw):
+        searched.append(roots_)
+        return search(model, roots_, legal_mask, **kw)
+
+    policy._search_from = spy
+    state = policy.initial_act_state(1)
+    for ep, length in enumerate(lengths):
+        frame, _ = env.reset(seed=ep)
+        builder.reset(np.asarray(frame))
+        state = policy.reset_act_state(state, 0)
+        for step in range(length + 1):
+            act = _act(policy, model, builder.current_frames().astype(np.float32), state)
+            roots[(ep, step)] = (searched[-1].value_logits.clone(), searched[-1].policy_logits.clone())
+            state = act.state
+            if step == length:
+                break
+            frame, reward, terminated, _, _ = env.step(int(act.actions[0]))
+            assert not terminated  # (short episodes: CartPole does not fall this early)
+            stats = {k: v[0] for k, v in act.step_stats.items()}
+            segments += builder.step(action=int(act.actions[0]), reward=float(reward),
+                                     next_frame=np.asarray(frame), stats=stats, terminated=False,
+                                     truncated=step + 1 == length)  # fmt: skip
+    policy._search_from = search
+    return segments, roots, searched
+
+
+def _value(logits: torch.Tensor, model) -> np.ndarray:
+    return logits_to_scalar(logits.float(), support_size=model.value_support_size).numpy()
+
+
+def _context_setup():
+    policy, model = _policy(CONTEXT)
+    model = _perturbed(model, 1).eval()  # heads that are not zero: values that depend on the history
+    segments, roots, _ = _play(policy, model, [9, 7])
+    buf = ReplayBuffer(capacity_transitions=1000)
+    buf.push(segments)
+    assert policy.context_steps == 3 and len(buf.segments) == 5
+    return policy, model, buf, roots
+
+
+def _every_observation(buf):
+    """(global segment index, observation position) of every stored observation 0..M of every segment."""
+    where = [(buf.base_idx + j, p) for j, seg in enumerate(buf.segments) for p in range(seg.num_stored + 1)]
+    g, p = (np.array(x, dtype=np.int64) for x in zip(*where))
+    return g, p
+
+
+def test_bootstrap_values_are_the_acting_roots_values_in_their_window():
+    """value_fn with the past steps the targets gather gives, at every stored observation (segment starts
+    mid-episode included: their window reaches into the previous segment), the value acting computed there
+    over the same observations and actions; the observation alone gives another value."""
+    policy, model, buf, roots = _context_setup()
+    g, p = _every_observation(buf)
+    segs = [buf.segment(int(i)) for i in g]
+    obs = np.stack([seg.stacked_obs(np.array([q]))[0] for seg, q in zip(segs, p)]).reshape(len(p), -1)
+    past = past_steps(buf.step_rows(g), p, np.arange(len(p)), policy.context_steps)
+    want = np.concatenate([_value(roots[(s.episode_index, s.episode_step0 + q)][0], model)
+                           for s, q in zip(segs, p)])  # fmt: skip
+    got = policy.value_fn(model)(obs, past)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    # windows were cut only at the episode starts: position 1 of segment 1 (episode step 5) has all 3 steps
+    steps = np.array([s.episode_step0 for s in segs]) + p
+    np.testing.assert_array_equal(past.valid.sum(1), np.minimum(steps, 3))
+    alone = policy.value_fn(model)(obs)  # control: the context-free root (the test can fail)
+    assert np.abs(alone - want)[steps > 0].min() > 1e-3
+    # through make_batch: z = sum of rewards + gamma^n v(o_b) at the acting root of o_b
+    rc, gamma = policy.cfg.replay, policy.cfg.mcts.discount
+    real = [(i, q) for i, seg in enumerate(buf.segments) for q in range(seg.num_real)]
+    sample = SampledIndices(flat_index=np.arange(len(real)), segments=tuple(buf.segments[i] for i, _ in real),
+                            positions=np.array([q for _, q in real]), weights=np.ones(len(real), np.float32),
+                            make_time=0, rows=buf.step_rows(np.array([i for i, _ in real])))  # fmt: skip
+    for defer in (False, True):  # deferred: resolved in pieces of 5 positions
+        rng = np.random.default_rng(0)
+        batch = resolve_bootstrap(
+            policy.make_batch(sample, target_model=model, rng=rng, defer_bootstrap=defer), piece_rows=5
+        )
+        for row, (seg, t) in enumerate(zip(sample.segments, sample.positions)):
+            for k in range(rc.num_unroll_steps + 1):
+                r_sum, b, scale, ok = n_step_targets(seg, int(t) + k, td_steps=rc.td_steps, discount=gamma)
+                if not ok:
+                    continue
+                step = seg.episode_step0 + (b or 0)
+                v = 0.0 if b is None else _value(roots[(seg.episode_index, step)][0], model)[0]
+                want_z = r_sum + scale * v
+                np.testing.assert_allclose(batch.target_value[row, k], want_z, rtol=1e-5, atol=1e-4)
+
+
+def test_a_window_right_after_an_episode_start_holds_nothing_of_the_previous_episode():
+    """Episode 1 continues the same stream right after episode 0 ended: its position 0 has no past step and
+    position 1 only o_0 of its own episode, and their values are acting's after the reset -- not those of a
+    window that reaches back into episode 0."""
+    policy, model, buf, roots = _context_setup()
+    first = next(j for j, s in enumerate(buf.segments) if s.episode_index == 1)
+    seg, prev = buf.segments[first], buf.segments[first - 1]
+    assert seg.episode_step0 == 0 and prev.episode_index == 0 and prev.stream_id == seg.stream_id
+    g = np.full(3, buf.base_idx + first)
+    p = np.arange(3)
+    past = past_steps(buf.step_rows(g), p, np.arange(3), policy.context_steps)
+    np.testing.assert_array_equal(past.valid, [[0, 0, 0], [0, 0, 1], [0, 1, 1]])
+    np.testing.assert_array_equal(past.obs[1, 2], seg.stacked_obs(np.array([0]))[0].reshape(-1))
+    assert (past.obs[:, 0] == 0).all() and (past.obs[0] == 0).all()
+    obs = seg.stacked_obs(p).reshape(3, -1)
+    got = policy.value_fn(model)(obs, past)
+    np.testing.assert_allclose(got, [_value(roots[(1, q)][0], model)[0] for q in p], rtol=1e-5, atol=1e-5)
+    # control: position 1 with episode 0's last two steps in front of o_0 is another value
+    leak = PastSteps(past.obs[1:2].copy(), past.actions[1:2].copy(), np.ones((1, 3), bool))
+    m = prev.num_stored
+    leak.obs[0, :2] = prev.stacked_obs(np.array([m - 2, m - 1])).reshape(2, -1)
+    leak.actions[0, :2] = prev.actions[m - 2 : m]
+    assert abs(policy.value_fn(model)(obs[1:2], leak)[0] - got[1]) > 1e-3
+
+
+def test_reanalyze_roots_are_the_acting_roots():
+    """The roots reanalyze searches from -- inside make_batch (positions t..t+K) and in the driver's buffer
+    reanalyze (through the buffer's rows) -- are the roots acting searched from at those positions."""
+    policy, model, buf, roots = _context_setup()
+    searched = []
+    search = policy._search_from
+
+    def spy(model, roots_, legal_mask, **kw):
+        searched.append(roots_)
+        return search(model, roots_, legal_mask, **kw)
+
+    policy._search_from = spy
+    k1 = policy.cfg.replay.num_unroll_steps + 1
+    idx = np.arange(len(buf.segments))
+    starts = np.array([min(2, s.num_real - 1) for s in buf.segments])
+    sample = SampledIndices(flat_index=idx, segments=tuple(buf.segments), positions=starts,
+                            weights=np.ones(len(idx), np.float32), make_time=0,
+                            rows=buf.step_rows(buf.base_idx + idx))  # fmt: skip
+    policy.make_batch(sample, target_model=model, rng=np.random.default_rng(0), reanalyze_count=len(idx))
+    where = [(s, q) for s, t in zip(buf.segments, starts) for q in range(t, min(t + k1, s.num_stored))]
+    assert len(searched) == 1 and len(searched[0].value_logits) == len(where)
+    for roots_ in (searched[0], None):
+        if roots_ is None:  # the driver's buffer reanalyze, one position per segment
+            searched.clear()
+            g = buf.base_idx + idx
+            reanalyze_positions(list(buf.segments), starts, span=1,
+                                reanalyze_fn=policy.reanalyze_fn(model, np.random.default_rng(0)),
+                                context_steps=policy.context_steps, rows=buf.step_rows(g))  # fmt: skip
+            roots_, where = searched[0], list(zip(buf.segments, starts))
+        want_v = torch.cat([roots[(s.episode_index, s.episode_step0 + int(q))][0] for s, q in where])
+        want_p = torch.cat([roots[(s.episode_index, s.episode_step0 + int(q))][1] for s, q in where])
+        torch.testing.assert_close(roots_.value_logits, want_v, rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(roots_.policy_logits, want_p, rtol=1e-5, atol=1e-4)
+        # control: context-free roots differ wherever a window has past steps
+        obs = np.stack([s.stacked_obs(np.array([int(q)]))[0] for s, q in where]).reshape(len(where), -1)
+        with torch.no_grad():
+            alone = policy.window_roots(model, torch.as_tensor(obs))
+        has_past = np.array([s.episode_step0 + int(q) > 0 for s, q in where])
+        diff = (alone.policy_logits - want_p).abs().amax(1).numpy()
+        assert diff[has_past].min() > 1e-4
+    policy._search_from = search
+
+
 # ------------------------------------------------------------------------------- async constraints
 
 
@@ -334,9 +515,9 @@ def driver_calls(monkeypatch):
         calls["make_batch"].append((os.getpid(), target_model))
         return make_batch(self, sample, target_model=target_model, rng=rng, **kw)
 
-    def ra(self, target_model, obs, legal_mask, rng):
+    def ra(self, target_model, obs, legal_mask, rng, **kw):
         calls["reanalyze"].append((os.getpid(), target_model))
-        return reanalyze(self, target_model, obs, legal_mask, rng)
+        return reanalyze(self, target_model, obs, legal_mask, rng, **kw)
 
     def cl(self, model, batch, *, train_iter):
         calls["train_iter"].append(train_iter)

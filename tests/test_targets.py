@@ -683,3 +683,127 @@ def _copy_segment(seg: GameSegment) -> GameSegment:
     import copy
 
     return copy.deepcopy(seg)
+
+
+# --------------------------------------------------------------------------- past steps (context_steps)
+
+
+def episode_segment(*, ep: int, step0: int, num_real: int, m: int, fs: int = 2) -> GameSegment:
+    """A segment of stream "s", episode ``ep``, from episode step ``step0``: the frame of episode step e is
+    [100 (ep + 1) + e, -1] (reset copies of step 0 before it), the action at e is 10 ep + e % 10."""
+    e = np.maximum(np.arange(step0 - (fs - 1), step0 + m + 1), 0)
+    frames = np.stack([100.0 * (ep + 1) + e, -np.ones(len(e))], axis=1).astype(np.float32)
+    steps = np.arange(step0, step0 + m)
+    return GameSegment(
+        frames=frames,
+        actions=(10 * ep + steps % 10).astype(np.int64),
+        rewards=np.ones(m, np.float32),
+        stats={"child_visits": visits_for(m), "legal_mask": np.ones((m, A), dtype=bool)},
+        num_real=num_real,
+        frame_stack=fs,
+        done=num_real == m,
+        terminal_at_end=False,
+        stream_id="s",
+        episode_index=ep,
+        episode_step0=step0,
+    )
+
+
+def stacked(ep: int, e: int) -> np.ndarray:
+    """The stacked observation (frame stack 2) at episode step ``e`` of episode ``ep``."""
+    base = 100.0 * (ep + 1)
+    return np.array([base + max(e - 1, 0), -1.0, base + e, -1.0], np.float32)
+
+
+def expected_past(ep: int, e: int, h: int):
+    """(obs [h, 4], actions [h], valid [h]) of the h steps before episode step e, cut at the episode start."""
+    steps = np.arange(e - h, e)
+    valid = steps >= 0
+    obs = np.stack([stacked(ep, s) if s >= 0 else np.zeros(4, np.float32) for s in steps])
+    return obs, np.where(valid, 10 * ep + steps % 10, 0), valid
+
+
+class RecordingPastValue:
+    """value(obs, past) = last frame's first element; records the past steps it was given."""
+
+    def __init__(self):
+        self.obs: list[np.ndarray] = []
+        self.past: list = []
+
+    def __call__(self, obs: np.ndarray, past) -> np.ndarray:
+        self.obs.append(obs.copy())
+        self.past.append(past)
+        return obs[:, 2].astype(np.float32)
+
+
+@pytest.mark.parametrize("from_buffer", [True, False])
+def test_past_steps_reach_into_the_previous_segment_and_stop_at_the_episode_start(from_buffer):
+    """With context_steps H = 3 every bootstrap and reanalyze position p comes with o_{p-3}..o_{p-1} and the
+    actions taken there: across a segment start (read from the stream's previous segment of the episode),
+    never across an episode start, in the order value_fn is asked (also in deferred pieces); H = 0 passes
+    nothing. From the buffer's rows and from hand-built samples (rows_of_segments) alike."""
+    import dataclasses
+
+    from muzero_tune.replay.buffer import ReplayBuffer
+    from muzero_tune.replay.targets import resolve_bootstrap
+
+    h, K, td = 3, 2, 2
+    a = episode_segment(ep=0, step0=0, num_real=4, m=8)  # 4 real + 4 padding (the next segment's start)
+    b = episode_segment(ep=0, step0=4, num_real=4, m=4)
+    c = episode_segment(ep=1, step0=0, num_real=4, m=4)  # the next episode of the same stream
+    segs, pos = [a, b, b, c, c], [3, 0, 2, 0, 1]
+    sample = sample_of(segs, pos)
+    if from_buffer:
+        buf = ReplayBuffer(capacity_transitions=100)
+        buf.push([a, b, c])
+        sample = dataclasses.replace(sample, rows=buf.step_rows(np.array([0, 1, 1, 2, 2])))
+    kw = dict(num_unroll_steps=K, td_steps=td, discount=0.9, num_actions=A)
+    value = RecordingPastValue()
+    asked = []
+    fresh = lambda o, m, past: asked.append((o.copy(), past)) or visits_for(len(o))  # noqa: E731
+    batch = make_batch(sample, value_fn=value, rng=np.random.default_rng(0), context_steps=h,
+                       reanalyze_count=len(segs), reanalyze_fn=fresh, **kw)  # fmt: skip
+    for obs, past in [(value.obs[0], value.past[0]), asked[0]]:
+        assert past.obs.shape == (len(obs), h, 4) and past.actions.shape == (len(obs), h)
+        for n in range(len(obs)):
+            ep, e = int(obs[n, 2] // 100) - 1, int(obs[n, 2] % 100)  # the position's own episode and step
+            want_obs, want_act, want_valid = expected_past(ep, e, h)
+            np.testing.assert_array_equal(past.valid[n], want_valid, err_msg=f"ep {ep} step {e}")
+            np.testing.assert_array_equal(past.obs[n], want_obs, err_msg=f"ep {ep} step {e}")
+            np.testing.assert_array_equal(past.actions[n], want_act, err_msg=f"ep {ep} step {e}")
+    # reanalyze asked t..t+K of each sample; b's position 0 (episode step 4) has all three steps, c's none
+    re_obs, re_past = asked[0]
+    assert len(re_obs) == sum(min(t + K + 1, s.num_stored) - t for s, t in zip(segs, pos))
+    assert re_past.valid[re_obs[:, 2] == 104.0].all() and not re_past.valid[re_obs[:, 2] == 200.0].any()
+    # deferred, in pieces: the same positions and past steps, piece by piece
+    later = RecordingPastValue()
+    deferred = make_batch(sample, value_fn=later, rng=np.random.default_rng(0), context_steps=h,
+                          defer_bootstrap=True, **kw)  # fmt: skip
+    done = resolve_bootstrap(deferred, piece_rows=4)
+    np.testing.assert_array_equal(done.target_value, batch.target_value)
+    assert [len(o) for o in later.obs] == [len(p.valid) for p in later.past] and len(later.obs) > 1
+    np.testing.assert_array_equal(np.concatenate([p.obs for p in later.past]), value.past[0].obs)
+    np.testing.assert_array_equal(np.concatenate([p.valid for p in later.past]), value.past[0].valid)
+    # H = 0: value_fn gets the observations alone, as it always did
+    alone = RecordingValue()
+    make_batch(sample, value_fn=alone, rng=np.random.default_rng(0), **kw)
+    np.testing.assert_array_equal(np.concatenate(alone.calls), value.obs[0])
+
+
+def test_past_steps_stop_where_the_previous_segment_was_evicted():
+    """A segment whose previous segment left the buffer has no steps before its position 0."""
+    from muzero_tune.replay.buffer import ReplayBuffer
+    from muzero_tune.replay.targets import past_steps
+
+    a = episode_segment(ep=0, step0=0, num_real=4, m=8)
+    b = episode_segment(ep=0, step0=4, num_real=4, m=4)
+    buf = ReplayBuffer(capacity_transitions=8)
+    buf.push([a, b])
+    held = past_steps(buf.step_rows(np.array([1, 1])), np.array([0, 2]), np.array([0, 1]), 3)
+    np.testing.assert_array_equal(held.valid, [[1, 1, 1], [1, 1, 1]])
+    buf.push([episode_segment(ep=1, step0=0, num_real=4, m=4)])  # a is evicted
+    assert buf.base_idx == 1
+    cut = past_steps(buf.step_rows(np.array([1, 1])), np.array([0, 2]), np.array([0, 1]), 3)
+    np.testing.assert_array_equal(cut.valid, [[0, 0, 0], [0, 1, 1]])
+    np.testing.assert_array_equal(cut.obs[1, 1:], held.obs[1, 1:])
+    assert (cut.obs[0] == 0).all() and (cut.actions[0] == 0).all()

@@ -39,6 +39,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.spaces import Box, Discrete
 
+from muzero_tune.envs import cartpole_novel as _cartpole_novel  # noqa: F401 (registers its env id)
 from muzero_tune.envs import stochastic as _stochastic  # noqa: F401 (registers its env id)
 from muzero_tune.envs.actions import UnitBoxActions
 from muzero_tune.envs.atari import ATARI_FRAME_SIZES_PX, make_atari_env, sign_reward
@@ -70,6 +71,7 @@ _VECTOR_ENTRY_PREFIXES = (
     "gymnasium.envs.classic_control.",
     "gymnasium.envs.box2d.",
     "gymnasium.envs.mujoco.",
+    "muzero_tune.envs.cartpole_novel:",
     "muzero_tune.envs.stochastic:",
 )
 _BOX2D_ENTRY_PREFIX = "gymnasium.envs.box2d."

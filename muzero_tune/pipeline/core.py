@@ -215,11 +215,14 @@ class DriverCore:
             return 0
         seg_idx, pos = self.buffer.sample_oldest(rc.reanalyze_batch_size, rc.reanalyze_partition, self.rng)
         segs = [self.buffer.segment(int(g)) for g in seg_idx]
+        steps = self.policy.context_steps  # past steps each root is built with (the policy's context)
         n = reanalyze_positions(
             segs,
             pos,
             span=1,
-            reanalyze_fn=lambda o, m: self.policy.reanalyze(self.learner.target_model, o, m, self.rng),
+            reanalyze_fn=self.policy.reanalyze_fn(self.learner.target_model, self.rng),
+            context_steps=steps,
+            rows=self.buffer.step_rows(seg_idx) if steps > 0 else None,
         )
         self.buffer.mark_changed()  # statistics written into stored segments: a batch built ahead is stale
         self.counters.reanalyze_calls += 1

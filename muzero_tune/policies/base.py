@@ -7,6 +7,12 @@ policy object serves the learner, collectors, evaluators and reanalyze alike.
 
 The collector, buffer, learner and drivers call only this interface and never branch on a policy name.
 
+Context. A policy whose roots depend on the steps before them (a transformer world model acting over a window
+of past observations and actions) declares how many past steps it wants, :attr:`Policy.context_steps` H;
+its targets then get, with each bootstrap and reanalyze position, the H steps before it
+(:class:`~muzero_tune.replay.targets.PastSteps`, cut at the episode start), so those roots are built in the
+context acting used. Its ``reanalyze`` takes them as ``past``; H = 0 (the default) passes nothing.
+
 Actions. A policy type declares the env action kinds it supports in :attr:`Policy.action_kinds`
 (``EnvSpec.action_kind`` values: ``"discrete"``, ``"continuous"``); :func:`check_action_kind` refuses any
 other env before anything starts (the drivers and the CLI call it through
@@ -39,7 +45,7 @@ if TYPE_CHECKING:
     from muzero_tune.config import ExperimentConfig
     from muzero_tune.envs.spec import EnvSpec
     from muzero_tune.replay.buffer import SampledIndices
-    from muzero_tune.replay.targets import TrainBatch
+    from muzero_tune.replay.targets import ReanalyzeFn, TrainBatch
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,9 @@ class Policy(ABC):
     # compute_loss takes ``ssl_latent`` (the SSL targets' encodings of the learner's live model may run on
     # its helper thread: learn.helper_ssl_encodings)
     ssl_latent_seam: bool = False
+    # H: past steps (observations and the actions taken) each bootstrap / reanalyze position comes with
+    # (module docstring); 0: the observation alone
+    context_steps: int = 0
 
     def __init__(self, cfg: ExperimentConfig, spec: EnvSpec):
         check_action_kind(type(self), spec, policy_type=self.name or type(self).__name__)
@@ -145,7 +154,16 @@ class Policy(ABC):
     ) -> np.ndarray | dict[str, np.ndarray]:
         """Fresh search results for stacked observations [N, *obs_shape] (reanalyze): visit distributions
         [N, A] (written back to ``stats['child_visits']``) or a dict of per-step statistics by name, each
-        [N, ...], written back to ``stats[name]`` (e.g. a Gumbel policy's improved policy)."""
+        [N, ...], written back to ``stats[name]`` (e.g. a Gumbel policy's improved policy). A policy with
+        :attr:`context_steps` > 0 takes a keyword ``past`` (``PastSteps`` of the N rows) too."""
+
+    def reanalyze_fn(self, target_model: torch.nn.Module, rng: np.random.Generator) -> ReanalyzeFn:
+        """:meth:`reanalyze` with ``target_model`` and ``rng`` bound, in the form
+        :func:`~muzero_tune.replay.targets.reanalyze_positions` calls it: ``(obs, legal)``, or
+        ``(obs, legal, past)`` when :attr:`context_steps` > 0."""
+        if self.context_steps > 0:
+            return lambda obs, legal, past: self.reanalyze(target_model, obs, legal, rng, past=past)
+        return lambda obs, legal: self.reanalyze(target_model, obs, legal, rng)
 
     @abstractmethod
     def compute_loss(self, model: torch.nn.Module, batch: TrainBatch, *, train_iter: int) -> LossOutput:

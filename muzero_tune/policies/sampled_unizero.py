@@ -3,8 +3,10 @@
 A composition, nothing copied: :class:`~muzero_tune.policies.sampled.SampledPolicyMixin` (the sampled search,
 the K sampled actions stored per step and rewritten by reanalyze, acting by slot, the sampled policy
 cross-entropy) before :class:`~muzero_tune.policies.unizero.UniZeroPolicy` (the world model, its exact per-env
-and per-node KV caches and their invalidation, the teacher-forced loss, targets from the target world model
-inside the buffer owner).
+and per-node KV caches and their invalidation, the teacher-forced loss with its per-term means over the
+valid steps, targets from the target world model inside the buffer owner: bootstrap values and reanalyze
+searches from the root acting would build at each position, its window of the last ``context_tokens // 2``
+observations and the actions between them, cut at the episode start).
 
 * **Model** -- :class:`~muzero_tune.models.unizero_net.UniZeroNet`. Continuous actions: the action token is a
   linear map of the action vector [B, D] in [-1, 1] and the policy head on observation tokens outputs the

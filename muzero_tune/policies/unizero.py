@@ -23,11 +23,16 @@
     :meth:`on_train_budget_done` (the driver, after each budget) bump the models' cache epochs and drop the
     search's node store on top.
 * **Targets** -- MuZero's (:func:`~muzero_tune.replay.targets.make_batch`, all K+1 observations), inside the
-  single buffer owner: bootstrap values and reanalyze searches run the *target* world model from a root
-  without context (the observation alone, position 0 -- a case every training sequence covers).
+  single buffer owner: bootstrap values and reanalyze searches run the *target* world model from the root
+  acting would build at that position -- the window [o_{p-S+1}, a_{p-S+1}, ..., a_{p-1}, o_p] of the stored
+  game (S = ``context_obs``; cut at the episode start as acting's window is emptied there, and where the
+  steps before a segment are not held). The policy declares ``context_steps`` = S - 1, the target code
+  gathers those steps (:class:`~muzero_tune.replay.targets.PastSteps`) and :meth:`window_roots` builds
+  all N roots in one batched transformer call.
 * **Loss** -- teacher-forced over the K-step sequence [o_t, a_t, ..., a_{t+K-1}, o_{t+K}] (one transformer
   pass): next-latent loss against the target model's tokenizer (MSE with LayerNorm latents, group KL with
-  SimNorm), cross-entropy on reward, value and policy, minus a policy entropy bonus (:meth:`compute_loss`).
+  SimNorm), cross-entropy on reward, value and policy, minus a policy entropy bonus (:meth:`compute_loss`);
+  each term is the mean over the steps its mask keeps (steps past the data do not dilute it).
   The policy terms go through :meth:`policy_cross_entropies` and :meth:`policy_entropy`, so a type with
   another policy head (``sampled_unizero``: K sampled actions, a Gaussian) plugs in without a second loss.
 """
@@ -48,9 +53,15 @@ from muzero_tune.models.unizero_net import UniZeroNet, default_max_tokens, token
 from muzero_tune.policies.base import ActOutput, LossOutput
 from muzero_tune.policies.muzero import MuZeroPolicy, soft_cross_entropy
 from muzero_tune.policies.muzero_context import eval_mode
-from muzero_tune.replay.targets import TrainBatch, make_batch
+from muzero_tune.replay.targets import PastSteps, TrainBatch, make_batch
 
 TARGET_LATENT = "unizero_target_latent"  # TrainBatch.extras: [B, K, E] the target tokenizer's next latents
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """[B, K] per-step terms and their [B, K] 0/1 mask -> [B]: the mean over the steps the mask keeps
+    (0 where it keeps none)."""
+    return (x * mask).sum(1) / mask.sum(1).clamp_min(1.0)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -115,6 +126,7 @@ class UniZeroPolicy(MuZeroPolicy):
             )
         self.context_obs = max(pc.context_tokens // 2, 1)  # S: observations in a root window
         self.root_limit = 2 * self.context_obs - 1  # tokens of a full root window
+        self.context_steps = self.context_obs - 1  # past steps a target's root window holds (Policy)
         self.max_tokens = default_max_tokens(cfg.replay.num_unroll_steps, pc.context_tokens)
         self.use_cache = bool(pc.kv_cache)
         self._nodes = NodeContextStore()
@@ -306,21 +318,51 @@ class UniZeroPolicy(MuZeroPolicy):
             state=self._advanced(state, env_index, np.asarray(obs), actions, roots, ctx_all),
         )
 
-    def _context_free_roots(self, model: UniZeroNet, obs: torch.Tensor) -> Roots:
-        z = model.encode(obs)
-        empty = TokenContext.empty(len(z), max_tokens=model.max_tokens, embed_dim=model.embed_dim,
-                                   device=z.device, dtype=z.dtype)  # fmt: skip
-        hidden, ctx = model.extend(empty, z[:, None], limit=self.root_limit, use_cache=self.use_cache)
-        heads = model.obs_heads(hidden[:, 0])
+    def window_roots(
+        self, model: UniZeroNet, obs: torch.Tensor, past: PastSteps | None = None, *, use_cache: bool = True
+    ) -> Roots:
+        """Roots of N stored positions p as acting builds them (eval mode, no grad): the window
+        [o_{p-h}, a_{p-h}, ..., o_{p-1}, a_{p-1}, o_p] of observations ``obs`` [N, *obs_shape] and the h valid
+        steps of ``past`` (:class:`PastSteps`, [N, H, ...] with H <= S - 1; None: h = 0, the observation
+        alone), one transformer call for all N rows."""
+        z = model.encode(obs)  # [N, E]
+        n = z.shape[0]
+        empty = TokenContext.empty(
+            n, max_tokens=model.max_tokens, embed_dim=model.embed_dim, device=z.device, dtype=z.dtype
+        )
+        new, new_len = self._window_tokens(model, z, past)
+        hidden, ctx = model.extend(empty, new, new_len, limit=self.root_limit, use_cache=use_cache)
+        last = torch.as_tensor(new_len - 1, device=z.device)
+        heads = model.obs_heads(hidden[torch.arange(n, device=z.device), last])
         return Roots(z, heads.value_logits, heads.policy_logits, ctx)
 
-    def reanalyze(self, target_model, obs, legal_mask, rng) -> np.ndarray | dict[str, np.ndarray]:
+    def _window_tokens(
+        self, model: UniZeroNet, z: torch.Tensor, past: PastSteps | None
+    ) -> tuple[torch.Tensor, np.ndarray]:
+        """Each row's window [o_{p-h}, a_{p-h}, ..., a_{p-1}, o_p] left-aligned in [N, 2H+1, E] and its
+        length 2h + 1 [N], from the observation tokens ``z`` [N, E] at p and ``past`` (None: [N, 1, E])."""
+        n, e = z.shape
+        if past is None or past.valid.shape[1] == 0:
+            return z[:, None], np.ones(n, dtype=np.int64)
+        h = past.valid.shape[1]
+        zp = model.encode(torch.as_tensor(past.obs, device=z.device).flatten(0, 1)).view(n, h, e)
+        ap = model.embed_action(self._action_tensor(past.actions, z.device).flatten(0, 1)).view(n, h, e)
+        seq = token_sequence(torch.cat([zp, z[:, None]], 1), ap.to(z.dtype))  # [N, 2H+1, E]: valid suffix
+        valid_steps = past.valid.sum(1)  # [N] h of each row
+        skip = 2 * (h - valid_steps)  # [N] tokens before the row's window
+        src = np.minimum(skip[:, None] + np.arange(2 * h + 1)[None, :], 2 * h)  # [N, 2H+1]
+        idx = torch.as_tensor(src, device=z.device)
+        return torch.gather(seq, 1, idx[:, :, None].expand(-1, -1, e)), 2 * valid_steps + 1
+
+    def reanalyze(
+        self, target_model, obs, legal_mask, rng, past: PastSteps | None = None
+    ) -> np.ndarray | dict[str, np.ndarray]:
         """Fresh visit distributions [N, A] (:meth:`_reanalyze_stats`): the target world model's search from
-        context-free roots."""
+        the roots acting built (:meth:`window_roots` over ``obs`` [N, *obs_shape] and ``past``; None: the
+        observations alone)."""
         with eval_mode(target_model):
-            roots = self._context_free_roots(
-                target_model, torch.as_tensor(obs, device=self._device(target_model))
-            )
+            obs_t = torch.as_tensor(obs, device=self._device(target_model))
+            roots = self.window_roots(target_model, obs_t, past, use_cache=self.use_cache)
             out, _ = self._search_from(
                 target_model, roots, legal_mask, add_noise=True, deterministic=False, rng=rng
             )
@@ -329,16 +371,20 @@ class UniZeroPolicy(MuZeroPolicy):
     # ---------------------------------------------------------------- targets
 
     def value_fn(self, model: UniZeroNet, *, chunk: int = 2048):
-        """``obs [N, ...] -> value [N]``: the model's value at context-free roots (the observation alone)."""
+        """``(obs [N, ...], past: PastSteps of N rows or None) -> value [N]``: the model's value at the roots
+        acting built (:meth:`window_roots`; without ``past``, the observation alone)."""
         dev = self._device(model)
 
-        def fn(obs: np.ndarray) -> np.ndarray:
+        def fn(obs: np.ndarray, past: PastSteps | None = None) -> np.ndarray:
             vals = []
             with eval_mode(model):
                 for lo in range(0, len(obs), chunk):
-                    _, heads = model.root_outputs(torch.as_tensor(obs[lo : lo + chunk], device=dev))
+                    hi = min(lo + chunk, len(obs))
+                    rows = None if past is None else past.rows(lo, hi)
+                    roots = self.window_roots(model, torch.as_tensor(obs[lo:hi], device=dev), rows,
+                                              use_cache=False)  # fmt: skip
                     vals.append(
-                        logits_to_scalar(heads.value_logits.float(), support_size=model.value_support_size)
+                        logits_to_scalar(roots.value_logits.float(), support_size=model.value_support_size)
                     )
             return torch.cat(vals).cpu().numpy() if vals else np.zeros(0, dtype=np.float32)
 
@@ -349,7 +395,8 @@ class UniZeroPolicy(MuZeroPolicy):
     ) -> TrainBatch:
         """MuZero's targets with all K+1 observations, plus ``extras[TARGET_LATENT]`` [B, K, E] float32:
         the target world model's tokens of o_{t+1}..o_{t+K} (the next-latent targets), computed here in
-        the buffer owner like the bootstrap values."""
+        the buffer owner like the bootstrap values. Bootstrap values and reanalyze roots are the target
+        model's at each position's acting window (``context_steps`` past steps, module docstring)."""
         rc = self.cfg.replay
         batch = make_batch(
             sample,
@@ -362,9 +409,10 @@ class UniZeroPolicy(MuZeroPolicy):
             rng=rng,
             all_obs=True,  # teacher forcing reads every observation of the unroll
             reanalyze_count=reanalyze_count,
-            reanalyze_fn=lambda o, m: self.reanalyze(target_model, o, m, rng),
+            reanalyze_fn=self.reanalyze_fn(target_model, rng),
             extra_stats=self.batch_extra_stats(),
             defer_bootstrap=defer_bootstrap,
+            context_steps=self.context_steps,
         )
         dev = self._device(target_model)
         with eval_mode(target_model):
@@ -393,13 +441,14 @@ class UniZeroPolicy(MuZeroPolicy):
         Per sample, with observation steps k = 0..K (value v_k, policy p_k at o_{t+k}'s token) and action
         steps k = 0..K-1 (reward r_k and next latent z^_{k+1} at a_{t+k}'s token)::
 
-            per_sample = w_lat * mean_k m^o_{k+1} L(z^_{k+1}, sg(z'_{k+1}))
-                       + w_r * mean_k m^r_k CE(r_k, u_{t+k})
-                       + mean_k [w_v m^v_k CE(v_k, z_{t+k}) + w_p m^p_k CE(p_k, pi_{t+k})
-                                 - w_ent m^p_k H(p_k)]
+            per_sample = w_lat * mean^o_k L(z^_{k+1}, sg(z'_{k+1}))
+                       + w_r * mean^r_k CE(r_k, u_{t+k})
+                       + w_v * mean^v_k CE(v_k, z_{t+k})
+                       + w_p * mean^p_k CE(p_k, pi_{t+k}) - w_ent * mean^p_k H(p_k)
 
         where z' is the *target* model's tokenizer (``batch.extras[TARGET_LATENT]``, from :meth:`make_batch`),
-        L the latent loss (:meth:`latent_loss`), m the batch masks, means over the K or K+1 steps, and
+        L the latent loss (:meth:`latent_loss`), ``mean^m_k x_k = sum_k m_k x_k / max(sum_k m_k, 1)`` the mean
+        over the steps the batch mask m keeps (:func:`masked_mean`; m^o: ``obs_mask`` at k + 1), and
         ``loss = mean(IS weight x per_sample)``. ``train_iter`` is reported as ``train/train_iter``.
         """
         lc, pc = self.cfg.learn, self.cfg.policy
@@ -430,13 +479,13 @@ class UniZeroPolicy(MuZeroPolicy):
             return soft_cross_entropy(logits.flatten(0, 1), target.flatten(0, 1)).view(target.shape[:2])
 
         tv = t(batch.value_targets())  # [B, K+1], read after the forward (a helper thread may compute it)
-        value_loss = (ce(obs_out.value_logits, scalar_to_target(tv, support_size=vs)) * vmask).mean(1)
+        value_loss = masked_mean(ce(obs_out.value_logits, scalar_to_target(tv, support_size=vs)), vmask)
         policy_ce = self.policy_cross_entropies(obs_out.policy_logits, batch, tp)  # [B, K+1]
-        policy_loss = (policy_ce * pmask).mean(1)
-        entropy = (self.policy_entropy(obs_out.policy_logits) * pmask).mean(1)
-        reward_loss = (ce(act_out.reward_logits, scalar_to_target(tr, support_size=rs)) * rmask).mean(1)
+        policy_loss = masked_mean(policy_ce, pmask)
+        entropy = masked_mean(self.policy_entropy(obs_out.policy_logits), pmask)
+        reward_loss = masked_mean(ce(act_out.reward_logits, scalar_to_target(tr, support_size=rs)), rmask)
         latent = self.latent_loss(model, act_out.next_latent_logits, act_out.next_latent, target_z.detach())
-        latent_loss = (latent * omask[:, 1:]).mean(1)
+        latent_loss = masked_mean(latent, omask[:, 1:])
         per_sample = (
             pc.latent_loss_weight * latent_loss
             + lc.value_loss_weight * value_loss

@@ -12,7 +12,10 @@ targets of the real ones.
 Storage: frames are stored once (:mod:`~muzero_tune.replay.frames`); each segment's per-step arrays
 (rewards, actions, stats) and frame ids are copied on push into contiguous column blocks
 (:mod:`~muzero_tune.replay.steps`) and the segment's arrays become views of them, so a sample carries
-:class:`~muzero_tune.replay.steps.StepRows` and its targets are gathered without per-sample Python.
+:class:`~muzero_tune.replay.steps.StepRows` and its targets are gathered without per-sample Python. Each
+segment also records its stream's previous segment of the same episode when that one was pushed before it
+(:func:`~muzero_tune.replay.steps.continues`), so steps before its position 0 can be read while that one is
+held (:meth:`StepRows.past <muzero_tune.replay.steps.StepRows.past>`).
 
 Time: a logical clock ticks on every sample and every eviction. A sample records ``make_time``; an
 eviction records ``clear_time``. A priority write-back whose ``make_time`` is older than the last
@@ -88,6 +91,12 @@ class ReplayBuffer:
         self._seg_frame0 = Growable(np.int64)  # [num_segments] global row of frames[0]'s id in _ids
         self._seg_stored = Growable(np.int64)  # [num_segments] M
         self._seg_terminal = Growable(np.bool_)  # [num_segments] terminal_at_end
+        # [num_segments] how many segments back the previous segment of its episode is (0: none), and that
+        # segment's real transitions; _stream_last: stream_id -> (global index, episode_index, episode step
+        # of its end, real transitions) of the stream's newest pushed segment
+        self._seg_prev_back = Growable(np.int64)
+        self._seg_prev_real = Growable(np.int64)
+        self._stream_last: dict[str, tuple[int, int, int, int]] = {}
         self.base_idx = 0  # segments evicted so far
         self.clock = 0
         self.clear_time = 0
@@ -142,6 +151,7 @@ class ReplayBuffer:
             if seg.num_real <= 0:
                 continue
             gidx = self.base_idx + len(self.segments)
+            self._link_previous(seg, gidx)
             seg.frames = self._frames.add(seg)
             self._seg_min_frame.extend(np.array([seg.frames.ids.min()], dtype=np.int64))
             self._store_steps(seg)
@@ -163,6 +173,19 @@ class ReplayBuffer:
         self.evict_to_fit()
         self.mark_changed()
         return added
+
+    def _link_previous(self, seg: GameSegment, gidx: int) -> None:
+        """Record the previous segment of ``seg``'s episode (pushed earlier by its stream, the rule of
+        :func:`~muzero_tune.replay.steps.continues`), if any."""
+        last = self._stream_last.get(seg.stream_id) if seg.stream_id else None
+        back = real = 0
+        if last is not None and last[1:3] == (seg.episode_index, seg.episode_step0):
+            back, real = gidx - last[0], last[3]
+        self._seg_prev_back.extend(np.array([back], dtype=np.int64))
+        self._seg_prev_real.extend(np.array([real], dtype=np.int64))
+        if seg.stream_id:
+            end = seg.episode_step0 + seg.num_real
+            self._stream_last[seg.stream_id] = (gidx, seg.episode_index, end, seg.num_real)
 
     def mark_changed(self) -> None:
         """A new ``version``: the buffer changed, or (called by whoever wrote them) its segments' stored
@@ -229,6 +252,9 @@ class ReplayBuffer:
             return None
         li = seg_idx - self.base_idx
         steps, ids = self._steps, self._ids
+        back = self._seg_prev_back.view[li]
+        has = (back > 0) & (li - back >= 0)  # the previous segment is still held
+        prev = np.where(has, li - back, 0)
         return StepRows(
             columns=steps.data.__getitem__,
             step0=self._seg_step0.view[li] - steps.base,
@@ -238,7 +264,18 @@ class ReplayBuffer:
             frame0=self._seg_frame0.view[li] - ids.base,
             frames_of=self._frames.store.get,
             frame_stack=frame_stack,
+            prev_step0=np.where(has, self._seg_step0.view[prev] - steps.base, -1),
+            prev_frame0=np.where(has, self._seg_frame0.view[prev] - ids.base, -1),
+            prev_real=np.where(has, self._seg_prev_real.view[li], 0),
         )
+
+    def step_rows(self, seg_idx: np.ndarray) -> StepRows | None:
+        """StepRows of positions in segments ``seg_idx`` [B] (global indices), as :meth:`sample` gives them
+        (None: gather from the segments themselves); valid until the next push."""
+        seg_idx = np.asarray(seg_idx, dtype=np.int64)
+        if len(seg_idx) == 0:
+            return None
+        return self._rows(seg_idx, self.segment(int(seg_idx[0])).frame_stack)
 
     def evict_to_fit(self) -> int:
         """Drop oldest whole segments until real transitions <= capacity. Returns transitions evicted."""
@@ -253,7 +290,8 @@ class ReplayBuffer:
             self._priority.drop_front(n_tr)
             self._pri_alpha.drop_front(n_tr)
             self._seg_min_frame.drop_front(n_seg)
-            for g in (self._seg_step0, self._seg_frame0, self._seg_stored, self._seg_terminal):
+            for g in (self._seg_step0, self._seg_frame0, self._seg_stored, self._seg_terminal,
+                      self._seg_prev_back, self._seg_prev_real):  # fmt: skip
                 g.drop_front(n_seg)
             if self._steps is not None:
                 live = bool(self.segments)
@@ -413,4 +451,5 @@ class ReplayBuffer:
         shift = int(state["base_idx"]) - self.base_idx
         self.base_idx += shift
         self._seg_idx.view[:] += shift
+        self._stream_last = {k: (g + shift, *rest) for k, (g, *rest) in self._stream_last.items()}
         self.mark_changed()

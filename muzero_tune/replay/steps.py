@@ -16,6 +16,10 @@ block. So:
 Rows of a batch from segments that are not in a buffer (hand-built samples, tests) are made by
 :func:`rows_of_segments`, which concatenates the distinct segments' arrays once: the same values, gathered
 the same way. This module never mutates a segment except through the buffer's re-pointing.
+
+Steps before a segment's position 0 (a policy that wants past steps of context, :meth:`StepRows.past`) are
+read from the segment its stream emitted just before in the same episode (:func:`continues`), when that one
+is held too; a segment that starts an episode has none, so a window never reaches into another episode.
 """
 
 from __future__ import annotations
@@ -35,6 +39,18 @@ def segment_columns(seg) -> dict[str, np.ndarray]:
     cols = {"rewards": seg.rewards, "actions": seg.actions}
     cols.update({STAT + k: v for k, v in seg.stats.items()})
     return cols
+
+
+def continues(prev, seg) -> bool:
+    """``seg`` is the segment its stream emitted right after ``prev`` in the same episode: ``prev``'s real
+    transitions end at ``seg``'s position 0 (and its padding is ``seg``'s first transitions)."""
+    return (
+        bool(seg.stream_id)
+        and prev.stream_id == seg.stream_id
+        and prev.episode_index == seg.episode_index
+        and prev.num_real > 0
+        and prev.episode_step0 + prev.num_real == seg.episode_step0
+    )
 
 
 def column_signature(cols: dict[str, np.ndarray]) -> tuple:
@@ -113,6 +129,12 @@ class StepRows:
     frame0: np.ndarray  # [B] int64, index into ``frame_ids`` of each sample's segment frame 0
     frames_of: Callable[[np.ndarray], np.ndarray]  # frame ids [...] -> frames [..., *frame_shape]
     frame_stack: int
+    # per sample, the previous segment of its episode when it is held (:func:`continues`): the row of its
+    # position 0 in the columns, the index into ``frame_ids`` of its frame 0, its real transitions; -1 / 0
+    # where there is none (None: no sample has one)
+    prev_step0: np.ndarray | None = None  # [B] int64
+    prev_frame0: np.ndarray | None = None  # [B] int64
+    prev_real: np.ndarray | None = None  # [B] int64
 
     def take(self, name: str, rows: np.ndarray, valid: np.ndarray) -> np.ndarray:
         """Column ``name`` at ``rows`` [B, W] (see :func:`~muzero_tune.replay.target_kernels.window_rows`)
@@ -131,6 +153,34 @@ class StepRows:
         else:
             rows = self.frame0[samples][:, None] + positions[:, None] + window  # [N, fs]
         return self.frames_of(self.frame_ids[rows])
+
+    def past(
+        self, positions: np.ndarray, samples: np.ndarray, steps: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The H = ``steps`` steps before observation positions ``positions`` [N] of samples ``samples`` [N],
+        oldest first: their stacked frames [N, H, frame_stack, *frame] (the observations o_{p-H}..o_{p-1}),
+        the actions taken there [N, H, ...], and ``valid`` [N, H] bool (a suffix of each row). A step
+        before position 0 comes from the sample's previous segment (``prev_*``) when it is held; it is not
+        valid when the episode started after it or its data is not held. Invalid steps are zero."""
+        positions = np.asarray(positions, dtype=np.int64)
+        samples = np.asarray(samples, dtype=np.int64)
+        q = positions[:, None] + np.arange(-steps, 0)[None, :]  # [N, H] positions in the sample's segment
+        valid = q >= 0
+        rows = self.step0[samples][:, None] + q
+        frame_rows = self.frame0[samples][:, None] + q
+        if self.prev_step0 is not None:
+            prev_q = self.prev_real[samples][:, None] + q  # the same steps in the previous segment
+            prev = ~valid & (self.prev_step0[samples] >= 0)[:, None] & (prev_q >= 0)
+            rows = np.where(prev, self.prev_step0[samples][:, None] + prev_q, rows)
+            frame_rows = np.where(prev, self.prev_frame0[samples][:, None] + prev_q, frame_rows)
+            valid |= prev
+        rows = np.where(valid, rows, self.step0[samples][:, None])  # invalid steps read position 0, zeroed
+        frame_rows = np.where(valid, frame_rows, self.frame0[samples][:, None])
+        actions = self.columns("actions")[rows]
+        actions[~valid] = 0
+        frames = self.frames_of(self.frame_ids[frame_rows[:, :, None] + np.arange(self.frame_stack)])
+        frames[~valid] = 0
+        return frames, actions, valid
 
 
 def rows_of_segments(segs) -> StepRows:
@@ -169,6 +219,9 @@ def rows_of_segments(segs) -> StepRows:
             return flat[rows]
 
     offsets = np.cumsum(lengths) - lengths
+    prev = _previous_of(unique)[which]  # [B] index into ``unique`` of each sample's previous segment, or -1
+    has = prev >= 0
+    real = np.fromiter((s.num_real for s in unique), dtype=np.int64, count=len(unique))
     return StepRows(
         columns=columns,
         step0=offsets[which],
@@ -178,4 +231,19 @@ def rows_of_segments(segs) -> StepRows:
         frame0=frame_off[which],
         frames_of=frames_of,
         frame_stack=unique[0].frame_stack,
+        prev_step0=np.where(has, offsets[prev], -1),
+        prev_frame0=np.where(has, frame_off[prev], -1),
+        prev_real=np.where(has, real[prev], 0),
     )
+
+
+def _previous_of(segs) -> np.ndarray:
+    """[S] int64: for each of ``segs`` the index of its previous segment among them (:func:`continues`),
+    or -1."""
+    ends = {(s.stream_id, s.episode_index, s.episode_step0 + s.num_real): j for j, s in enumerate(segs)}
+    prev = np.full(len(segs), -1, dtype=np.int64)
+    for j, seg in enumerate(segs):
+        p = ends.get((seg.stream_id, seg.episode_index, seg.episode_step0))
+        if p is not None and p != j and continues(segs[p], seg):
+            prev[j] = p
+    return prev

@@ -17,10 +17,14 @@ transitions (real + true-continuation padding) and observations 0..M.
   random (their targets are absorbing or masked).
 
 Bootstrap values come from ``value_fn`` (the target model, supplied by the policy), called here or -- with
-``defer_bootstrap`` -- by the learner at the start of its step (:class:`Bootstrap`). The per-sample data is
-gathered from :class:`~muzero_tune.replay.steps.StepRows` (the buffer's column blocks) and the arithmetic
-runs in :mod:`~muzero_tune.replay.target_kernels`. This module never imports torch and never mutates the
-buffer except through the explicit reanalyze write-back.
+``defer_bootstrap`` -- by the learner at the start of its step (:class:`Bootstrap`). A policy that evaluates
+a position in the context of the steps before it (``context_steps`` H > 0, e.g. a transformer world model
+whose acting roots see a window of past observations and actions) gets, with each bootstrap and reanalyze
+position p, the H steps before it (:class:`PastSteps`: o_{p-H}..o_{p-1} and a_{p-H}..a_{p-1}, cut at the
+episode start, :meth:`~muzero_tune.replay.steps.StepRows.past`); H = 0 asks exactly what it always asked.
+The per-sample data is gathered from :class:`~muzero_tune.replay.steps.StepRows` (the buffer's column blocks)
+and the arithmetic runs in :mod:`~muzero_tune.replay.target_kernels`. This module never imports torch and
+never mutates the buffer except through the explicit reanalyze write-back.
 """
 
 from __future__ import annotations
@@ -36,15 +40,38 @@ import numpy as np
 from muzero_tune.envs.spec import random_actions, stack_frames
 from muzero_tune.replay.buffer import SampledIndices
 from muzero_tune.replay.segment import GameSegment
-from muzero_tune.replay.steps import STAT, rows_of_segments
+from muzero_tune.replay.steps import STAT, StepRows, rows_of_segments
 from muzero_tune.replay.target_kernels import value_targets, window_rows
 
-# stacked obs [N, *obs_shape] -> value [N] float32; asked for a batch's N bootstrap positions in order, in
-# one call or in consecutive pieces (Bootstrap.values), so one that needs more than the observation per
-# position (a replayed history) takes it in that order
-ValueFn = Callable[[np.ndarray], np.ndarray]
-# obs [N, ...], legal [N, A] -> visits [N, A], or {stat name: [N, ...]} to write back
-ReanalyzeFn = Callable[[np.ndarray, np.ndarray], "np.ndarray | dict[str, np.ndarray]"]
+# stacked obs [N, *obs_shape] (, past: PastSteps of N rows, with context_steps > 0) -> value [N] float32;
+# asked for a batch's N bootstrap positions in order, in one call or in consecutive pieces (Bootstrap.values),
+# so one that needs more than the observation per position (a replayed history) takes it in that order
+ValueFn = Callable[..., np.ndarray]
+# obs [N, ...], legal [N, A] (, past: PastSteps of N rows, with context_steps > 0) -> visits [N, A], or
+# {stat name: [N, ...]} to write back
+ReanalyzeFn = Callable[..., "np.ndarray | dict[str, np.ndarray]"]
+
+
+@dataclass(frozen=True)
+class PastSteps:
+    """The H steps before each of N positions p, oldest first (slot H-1 is step p-1): what a policy with
+    ``context_steps`` = H builds its root's context from. ``valid`` is a suffix of each row: the window is
+    cut at the episode start (and where the data before the segment is not held); invalid slots are zero."""
+
+    obs: np.ndarray  # [N, H, *obs_shape] stacked observations o_{p-H}..o_{p-1}
+    actions: np.ndarray  # [N, H] int64 or [N, H, D] float32: a_{p-H}..a_{p-1}, the actions taken there
+    valid: np.ndarray  # [N, H] bool
+
+    def rows(self, lo: int, hi: int) -> PastSteps:
+        """Rows lo..hi-1 (views)."""
+        return PastSteps(self.obs[lo:hi], self.actions[lo:hi], self.valid[lo:hi])
+
+
+def past_steps(rows: StepRows, positions: np.ndarray, samples: np.ndarray, steps: int) -> PastSteps:
+    """The ``steps`` steps before observation positions ``positions`` [N] of samples ``samples`` [N] (rows of
+    ``rows``), as model inputs (frames stacked)."""
+    frames, actions, valid = rows.past(positions, samples, steps)  # [N, H, fs, *frame], [N, H, ...]
+    return PastSteps(stack_frames(frames, frame_ndim=frames.ndim - 3), actions, valid)
 
 
 @dataclass(frozen=True)
@@ -64,6 +91,7 @@ class Bootstrap:
     scale: np.ndarray  # [N] float64, gamma^n
     reward_sum: np.ndarray  # [B, K+1] float64, discounted reward sums (the whole target where N misses)
     value_fn: ValueFn  # the target network's values (bound by the policy to the learner's target model)
+    past: PastSteps | None = None  # N rows: the steps before each o_{i+n} (make_batch's context_steps > 0)
 
     def values(self, piece_rows: int = 0) -> np.ndarray:
         """The value targets [B, K+1] float32: ``value_fn`` called once over the N positions, or -- with
@@ -79,10 +107,16 @@ class Bootstrap:
         if len(self.flat_index) == 0:
             return self.reward_sum.astype(np.float32)
         rows = piece_rows if piece_rows > 0 else len(self.obs)
-        parts = [self.value_fn(self.obs[lo : lo + rows]) for lo in range(0, len(self.obs), rows)]
+        parts = [self._piece(lo, lo + rows) for lo in range(0, len(self.obs), rows)]
         target = self.reward_sum.copy()
         target.reshape(-1)[self.flat_index] += self.scale * np.concatenate(parts)
         return target.astype(np.float32)
+
+    def _piece(self, lo: int, hi: int) -> np.ndarray:
+        """``value_fn`` over positions lo..hi-1 [n], with their past steps when there are any."""
+        if self.past is None:
+            return self.value_fn(self.obs[lo:hi])
+        return self.value_fn(self.obs[lo:hi], self.past.rows(lo, hi))
 
 
 @dataclass(frozen=True)
@@ -200,6 +234,7 @@ def make_batch(
     extra_stats: tuple[str, ...] = (),
     action_dim: int = 0,
     defer_bootstrap: bool = False,
+    context_steps: int = 0,
 ) -> TrainBatch:
     """Build the targets of a prioritized sample (vectorised over the batch; :func:`n_step_targets` is the
     per-element definition it must agree with).
@@ -214,7 +249,8 @@ def make_batch(
     ``EnvSpec.action_dim``). ``td_steps``: the n of every sample's value targets, or [B] int64 one per
     sample (:func:`off_policy_td_steps`). ``defer_bootstrap``: leave the bootstrap values to whoever trains
     on the batch (``batch.bootstrap``, resolved by :func:`resolve_bootstrap`; ``target_value`` is NaN until
-    then) instead of calling ``value_fn`` here.
+    then) instead of calling ``value_fn`` here. ``context_steps`` H > 0: ``value_fn`` and ``reanalyze_fn``
+    also get the H steps before each of their positions (:class:`PastSteps`, their last argument).
     """
     k_steps, bsz = num_unroll_steps, len(sample.positions)
     td_b = np.ascontiguousarray(np.broadcast_to(np.asarray(td_steps, dtype=np.int64), (bsz,)))  # [B]
@@ -225,6 +261,8 @@ def make_batch(
             sample.positions[:reanalyze_count],
             span=k_steps + 1,
             reanalyze_fn=reanalyze_fn,
+            context_steps=context_steps,
+            rows=sample.rows,  # sample b's rows are rows b of the whole sample's (None: from the segments)
         )
 
     width = k_steps + td  # reward window: r_{t} .. r_{t+K+td-1}
@@ -267,13 +305,15 @@ def make_batch(
     frames = rows.stacked_obs(obs_pos)  # [B, n_obs, frame_stack, *frame_shape]
     boot_b, boot_k = np.nonzero(boot_ok)  # row-major, the order value_fn has always been asked in
     boot_n = n[boot_b, boot_k]
-    boot_frames = rows.stacked_obs(t_pos[boot_b] + boot_k + boot_n, samples=boot_b)  # [N, fs, *frame]
+    boot_pos = t_pos[boot_b] + boot_k + boot_n  # [N] bootstrap observation positions
+    boot_frames = rows.stacked_obs(boot_pos, samples=boot_b)  # [N, fs, *frame]
     bootstrap = Bootstrap(
         obs=stack_frames(boot_frames, frame_ndim=boot_frames.ndim - 2),
         flat_index=boot_b * (k_steps + 1) + boot_k,
         scale=discount**boot_n,
         reward_sum=reward_sum,
         value_fn=value_fn,
+        past=past_steps(rows, boot_pos, boot_b, context_steps) if context_steps > 0 else None,
     )
     deferred = defer_bootstrap and len(boot_b) > 0
     return TrainBatch(
@@ -300,24 +340,35 @@ def reanalyze_positions(
     *,
     span: int,
     reanalyze_fn: ReanalyzeFn,
+    context_steps: int = 0,
+    rows: StepRows | None = None,
 ) -> int:
     """Re-search positions t..t+span-1 (within stored data) of each segment and write the results back:
     ``reanalyze_fn`` returns visit distributions [N, A] (written to ``stats['child_visits']``) or a dict of
     per-step statistics by name (each [N, ...], written to ``stats[name]``). Returns the positions
-    re-searched."""
+    re-searched. ``context_steps`` H > 0: ``reanalyze_fn`` also gets the H steps before each position
+    (:class:`PastSteps`), read through ``rows`` (row b: ``segments[b]``, e.g. the buffer's
+    :meth:`~muzero_tune.replay.buffer.ReplayBuffer.step_rows`; None: from the segments themselves)."""
     where: list[tuple[GameSegment, int]] = []
+    owner: list[int] = []  # the sample (index into segments) of each position
     obs: list[np.ndarray] = []
     legal: list[np.ndarray] = []
-    for seg, t in zip(segments, positions):
+    for b, (seg, t) in enumerate(zip(segments, positions)):
         for i in range(int(t), min(int(t) + span, seg.num_stored)):
             where.append((seg, i))
+            owner.append(b)
             obs.append(seg.stacked_obs(np.array([i]))[0])
             # continuous-action policies may store no mask: an empty [0] one is what the collector passes
             legal.append(seg.stats["legal_mask"][i] if "legal_mask" in seg.stats else np.ones(0, dtype=bool))
     if not where:
         return 0
     frame_ndim = segments[0].frames.ndim - 1
-    fresh = reanalyze_fn(stack_frames(np.stack(obs), frame_ndim=frame_ndim), np.stack(legal))
+    args = [stack_frames(np.stack(obs), frame_ndim=frame_ndim), np.stack(legal)]
+    if context_steps > 0:
+        rows = rows if rows is not None else rows_of_segments(segments)
+        at = np.fromiter((i for _, i in where), dtype=np.int64, count=len(where))
+        args.append(past_steps(rows, at, np.asarray(owner, dtype=np.int64), context_steps))
+    fresh = reanalyze_fn(*args)
     if not isinstance(fresh, dict):
         fresh = {"child_visits": fresh}
     for j, (seg, i) in enumerate(where):
