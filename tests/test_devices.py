@@ -1,6 +1,6 @@
 """Devices: CPU-only machines resolve to CPU with no error; an explicit CUDA without one is a clear error.
 
-The CUDA tests run only where a GPU is present (scripts/device_check.sh runs them on a GPU machine).
+The CUDA tests run only where a GPU is present (scripts/tools/device_check.sh runs them on a GPU machine).
 """
 
 from __future__ import annotations

@@ -154,7 +154,7 @@ class MLPStochasticMuZeroNet(nn.Module):
 
     def recurrent_inference(self, latent: Tensor, action: Tensor) -> RecurrentOutput:
         """A MuZero-shaped step for tools written against the MuZero network interface (e.g. the bare
-        forward+backward of ``scripts/bench_learner.py``): afterstate, then the chance prior's most likely
+        forward+backward of ``scripts/bench/bench_learner.py``): afterstate, then the chance prior's most likely
         code, then dynamics and prediction. The search and the loss never use it."""
         afterstate = self.afterstate_dynamics(latent, action)
         _, chance_logits = self.afterstate_predict(afterstate)

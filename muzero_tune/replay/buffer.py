@@ -336,7 +336,7 @@ class ReplayBuffer:
     def choice_draw(self, batch_size: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         """The draw :meth:`sample` makes, as numpy's O(N) ``rng.choice(n, p=P)`` defines it: flat indices [B]
         int64 and importance weights [B] float32. The definition the sum tree's draw must agree with
-        (``tests/test_buffer.py``) and what it replaced (``scripts/bench_replay_sample.py``)."""
+        (``tests/test_buffer.py``) and what it replaced (``scripts/bench/bench_replay_sample.py``)."""
         n = self.num_transitions
         probs = self.probabilities()
         flat = rng.choice(n, size=batch_size, replace=True, p=probs)

@@ -3,8 +3,8 @@ runs on a second thread of this process (with torch's thread count set there, as
 does) or in a second process, measured side by side in interleaved rounds. One torch thread each, as the
 pipelines run.
 
-    python scripts/bench_cores.py                 # 256x512 @ 512x384 fp32 matmuls, 15 rounds
-    python scripts/bench_cores.py --rounds 30 --n 512
+    python scripts/bench/bench_cores.py                 # 256x512 @ 512x384 fp32 matmuls, 15 rounds
+    python scripts/bench/bench_cores.py --rounds 30 --n 512
 
 The learner overlaps its bootstrap forward with the loss on a helper thread, and the async pipeline runs its
 collectors beside the learner: both gain what a second busy core adds, 2 / the slowdown printed here. A

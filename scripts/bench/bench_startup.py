@@ -5,8 +5,8 @@ as a CLI run or a Tune trial's worker gets; Ray is started before the clock, as 
 What it counts: the driver's imports and learner build, the actors' boot (async), the first collects and
 the first train steps. A short sweep trial pays it once per trial.
 
-    python scripts/bench_startup.py                 # CartPole MuZero, 4 rounds
-    python scripts/bench_startup.py --rounds 2 --preset cartpole_efficientzero
+    python scripts/bench/bench_startup.py                 # CartPole MuZero, 4 rounds
+    python scripts/bench/bench_startup.py --rounds 2 --preset cartpole_efficientzero
 """
 
 from __future__ import annotations

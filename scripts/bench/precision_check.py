@@ -7,8 +7,8 @@ targets from the same samples (its own target network for the bootstrap values),
 the precision. Prints the losses every ``--every`` steps, the relative difference of the total loss, and
 the wall time per step of each.
 
-    python scripts/precision_check.py                                  # CartPole MuZero, 600 steps
-    python scripts/precision_check.py --preset pong_muzero --set learn.batch_size=32 --steps 30 --every 5
+    python scripts/bench/precision_check.py                                  # CartPole MuZero, 600 steps
+    python scripts/bench/precision_check.py --preset pong_muzero --set learn.batch_size=32 --steps 30 --every 5
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ What it must never do
     collect step gets appended to ``SECTIONS``), or leave numba cache files outside a temporary directory
     when measuring cold compiles.
 
-Usage: ``python scripts/bench_mcts.py [--batch-sizes 8 64] [--num-actions 2 18] [--num-simulations 50]``
+Usage: ``python scripts/bench/bench_mcts.py [--batch-sizes 8 64] [--num-actions 2 18] [--num-simulations 50]``
 """
 
 from __future__ import annotations

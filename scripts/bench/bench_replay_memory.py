@@ -5,7 +5,7 @@ value, legal mask) into the replay buffer and prints bytes per real transition, 
 rest, and the projection to 1M transitions; beside it, what storing each segment's frames as shipped
 (padding and stack prefix duplicated) would cost.
 
-    python scripts/bench_replay_memory.py --steps 20000
+    python scripts/bench/bench_replay_memory.py --steps 20000
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ path), eager under ``torch.inference_mode``, and the traced twin the search now 
 (:mod:`muzero_tune.models.traced`); then ``policy.act`` (8 envs, the preset's 25 simulations) with the traced
 call against the same model forced eager. Interleaved rounds; medians and per-round ratios.
 
-    python scripts/bench_acting.py [--rounds 15] [--calls 200] [--clock cpu]
+    python scripts/bench/bench_acting.py [--rounds 15] [--calls 200] [--clock cpu]
 
 ``--clock cpu`` times this process's CPU seconds (``time.process_time``) instead of wall time: the waits for
 a core that other work holds are left out, so the figures move far less with the machine's load.

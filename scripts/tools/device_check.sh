@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU device check: one prepared run of at most ~9 minutes on the device tool's GPU machine (issue 13 item 7).
 #   0. packages: the device machine reaches no package index, so what its image lacks (gymnasium, ale-py, ray
-#      and ray's jsonschema) comes in .whl/, built beforehand on this machine by scripts/device_wheels.sh and
+#      and ray's jsonschema) comes in .whl/, built beforehand on this machine by scripts/tools/device_wheels.sh and
 #      carried with the call (`carry: [".whl"]`); installed into /tmp/site. On a machine that reaches an
 #      index and lacks them, pip installs the project instead;
 #   1. the tests that need CUDA (tests/test_devices.py: the learner on cuda in fp32 and mixed precision, search),
@@ -9,8 +9,8 @@
 #   3. Pong throughput, sync vs async with 1 and 2 collectors, learner on the GPU (bench_throughput, 1 round).
 # Every step's output also goes to $OUT/device_check.log when $OUT is set (the device tool brings $OUT back).
 #
-# Usage: bash scripts/device_check.sh [WALL_S_PER_PIPELINE]        (default 45)
-#        DEVICE=cpu PRESET=cartpole_muzero bash scripts/device_check.sh 10   (a rehearsal on a CPU machine)
+# Usage: bash scripts/tools/device_check.sh [WALL_S_PER_PIPELINE]        (default 45)
+#        DEVICE=cpu PRESET=cartpole_muzero bash scripts/tools/device_check.sh 10   (a rehearsal on a CPU machine)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 WALL=${1:-45}
@@ -47,11 +47,11 @@ PYEOF
   echo "== CUDA tests"
   timeout 120 $PY -m pytest -q -p no:cacheprovider tests/test_devices.py
   echo "== learner on the $PRESET network, learner on $DEVICE: fp32, then bf16 autocast (learn.mixed_precision)"
-  timeout 120 $PY scripts/bench_learner.py --preset "$PRESET" --set learn.device="$DEVICE" --steps 20 --rounds 2
-  timeout 120 $PY scripts/bench_learner.py --preset "$PRESET" --set learn.device="$DEVICE" \
+  timeout 120 $PY scripts/bench/bench_learner.py --preset "$PRESET" --set learn.device="$DEVICE" --steps 20 --rounds 2
+  timeout 120 $PY scripts/bench/bench_learner.py --preset "$PRESET" --set learn.device="$DEVICE" \
     --set learn.mixed_precision=true --steps 20 --rounds 2
   echo "== $PRESET throughput, sync vs async (learner on $DEVICE, actors on CPU)"
-  timeout $((WALL * 3 + 90)) $PY scripts/bench_throughput.py --preset "$PRESET" --wall-s "$WALL" --collectors 1 2 \
+  timeout $((WALL * 3 + 90)) $PY scripts/bench/bench_throughput.py --preset "$PRESET" --wall-s "$WALL" --collectors 1 2 \
     --rounds 1 --set learn.device="$DEVICE" --set mcts.num_simulations=50 \
     --set learn.train_start_after_envsteps=500 --set env.collector_env_num=8 --out-dir /tmp/device_check_runs
 } 2>&1 | tee "$LOG"

@@ -1,6 +1,6 @@
 """Screenshots of an MLflow experiment as a user sees it: ``mlflow ui`` on 127.0.0.1 + headless Chromium.
 
-    python scripts/dashboard_snapshot.py --tracking-uri sqlite:///$PWD/runs/tune/mlflow.db \
+    python scripts/tools/dashboard_snapshot.py --tracking-uri sqlite:///$PWD/runs/tune/mlflow.db \
         --experiment quickstart_cartpole_muzero --out docs/img
 
 Starts ``mlflow ui`` for the store on a free local port, waits until it answers, opens the experiment in
@@ -32,7 +32,7 @@ import tempfile
 import time
 import urllib.request
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from muzero_tune.tune.mlflow_log import experiment_url, run_url  # noqa: E402
 

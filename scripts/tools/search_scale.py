@@ -4,8 +4,8 @@ Three actions, root prior logits [2, 0, 0], a constant reward r per step with va
 (V = r / (1 - discount), discount 0.997), action 2 worth +0.5 in Q over the others, no root noise,
 deterministic tie-breaks. A search whose Q normalisation is right gives action 2 the most visits for every r.
 
-    python scripts/search_scale.py                      # both Q transforms, unvisited_q=min
-    python scripts/search_scale.py --unvisited-q parent
+    python scripts/tools/search_scale.py                      # both Q transforms, unvisited_q=min
+    python scripts/tools/search_scale.py --unvisited-q parent
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ and random priorities, then times, in interleaved rounds: ``buffer.sample`` (sum
 weights, lookups), the draw as it was (``buffer.choice_draw``: ``rng.choice`` and the same weights), and
 ``update_priorities`` of a batch. Both draws pick the same transitions (``tests/test_buffer.py``).
 
-    python scripts/bench_replay_sample.py                       # N = 1k, 30k, 300k, 1M; batch 256
-    python scripts/bench_replay_sample.py --sizes 1000000 --batch 32
+    python scripts/bench/bench_replay_sample.py                       # N = 1k, 30k, 300k, 1M; batch 256
+    python scripts/bench/bench_replay_sample.py --sizes 1000000 --batch 32
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ Each type gets its CartPole preset, a buffer filled by its own collector, and th
 learner steps (sample + targets + loss + backward + step) that alternate between the types, so every type
 sees the same machine load. Prints steps/s and the ratio to MuZero.
 
-    python scripts/bench_policies.py --steps 20 --rounds 3
-    python scripts/bench_policies.py --types unizero sampled_unizero   # MuZero is always measured
+    python scripts/bench/bench_policies.py --steps 20 --rounds 3
+    python scripts/bench/bench_policies.py --types unizero sampled_unizero   # MuZero is always measured
 """
 
 from __future__ import annotations

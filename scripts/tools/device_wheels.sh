@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds .whl/ here, on a machine that reaches the package index, for scripts/device_check.sh on the GPU
+# Builds .whl/ here, on a machine that reaches the package index, for scripts/tools/device_check.sh on the GPU
 # machine, which reaches nothing: the packages its image lacks that this project needs there, at the versions
 # of the environment this runs in (or the newest, where it lacks one).
 #
@@ -10,7 +10,7 @@
 # imports: ray/jars (Java workers), ray/rllib, ray/serve, ray/llm. device_check.sh unpacks it into its
 # --target folder beside the wheels. The whole of .whl/ is about 34 MB; .gitignore keeps it out of git.
 #
-# Usage: bash scripts/device_wheels.sh [PYTHON_VERSION]   (default 3.12, the image's; 3.11 for a rehearsal
+# Usage: bash scripts/tools/device_wheels.sh [PYTHON_VERSION]   (default 3.12, the image's; 3.11 for a rehearsal
 #        on this machine, in a venv with only the image's packages: see the README's Atari section)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -4,7 +4,7 @@
    (same wall budget, sync and async);
 2. checkpoints: size and write time with and without the replay buffer, at a given buffer fill.
 
-    python scripts/bench_tune.py --wall-s 60 --buffer-transitions 20000
+    python scripts/bench/bench_tune.py --wall-s 60 --buffer-transitions 20000
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """Learner efficiency: full train steps/s (sample + targets + loss + backward + step + priority write-back)
 against a bare forward+backward of the same network on the same shapes, measured side by side in one run.
 
-    python scripts/bench_learner.py                      # CartPole MuZero, batch 256, K=5, MLP
-    python scripts/bench_learner.py --preset pong_muzero --set learn.batch_size=32 --steps 5
-    python scripts/bench_learner.py --clock cpu          # this process's CPU time (steadier when shared)
-    python scripts/bench_learner.py --preset pong_muzero --set learn.batch_size=32 --set learn.num_threads=2
-    python scripts/bench_learner.py --preset pong_muzero --set learn.batch_size=32 --flops   # + FLOP bounds
+    python scripts/bench/bench_learner.py                      # CartPole MuZero, batch 256, K=5, MLP
+    python scripts/bench/bench_learner.py --preset pong_muzero --set learn.batch_size=32 --steps 5
+    python scripts/bench/bench_learner.py --clock cpu          # this process's CPU time (steadier when shared)
+    python scripts/bench/bench_learner.py --preset pong_muzero --set learn.batch_size=32 --set learn.num_threads=2
+    python scripts/bench/bench_learner.py --preset pong_muzero --set learn.batch_size=32 --flops   # + FLOP bounds
 
 ``--clock cpu`` counts the CPU seconds this process spent (``time.process_time``): with one torch thread the
 work is the same, and the waits for a core that other processes hold are left out, so the ratios move far
