@@ -491,8 +491,8 @@ class ExperimentConfig:
 # ---------------------------------------------------------------------------------------------- presets
 
 PRESETS: dict[str, dict[str, Any]] = {
-    # CartPole-v1, tuned on this 2-core machine to solve (eval mean >= 195 over 8 episodes) well within
-    # 30k env steps: small MLP, short segments so fresh data reaches the buffer often.
+    # CartPole-v1, solved at eval mean >= 195 over 8 episodes (goal: within 30k env steps): a small MLP, short
+    # segments so fresh data reaches the buffer often.
     "cartpole_muzero": {
         "exp_name": "cartpole_muzero",
         "env.env_id": "CartPole-v1",
@@ -509,12 +509,10 @@ PRESETS: dict[str, dict[str, Any]] = {
         "replay.td_steps": 10,
         "learn.batch_size": 256,
         "learn.optimizer": "adam",
-        "learn.learning_rate": 1e-3,  # 3e-3 left some seeds on a 100-170 plateau for 10k+ env steps
+        "learn.learning_rate": 1e-3,  # 3e-3 leaves some seeds on a long 100-170 plateau
         "learn.weight_decay": 1e-4,
         "learn.replay_ratio": 0.25,
-        # Visit-count temperature 1 (the MuZero paper's early-training value): with the root's first visit
-        # counted (the search-correctness fixes) 0.25 collected too greedily; seeds 0-4 reach 195 at a median
-        # of 2,328 env steps with 1.0 against 4,120 with 0.25 (2,448 before the fixes).
+        # Visit-count temperature 1 (the MuZero paper's early-training value): 0.25 collects too greedily.
         "collect.temperature": 1.0,
         "eval.eval_freq": 200,
         "eval.n_episodes": 8,
@@ -553,12 +551,12 @@ PRESETS: dict[str, dict[str, Any]] = {
         "learn.replay_ratio": 0.25,
         "learn.ssl_loss_weight": 2.0,  # SSL consistency loss on (EfficientZero)
         # the last 3 of its 5 target encodings beside the unroll, on the bootstrap helper thread (same
-        # results; with the next batch's bootstrap forward beside the backward, the step ~1.1-1.3x faster)
+        # results, a faster step: docs/performance.md)
         "learn.helper_ssl_encodings": 3,
         # the next batch's bootstrap forward in pieces of 32 observations beside the backward: each piece's
-        # activations stay in cache (the step 1.54x faster at batch 256, 1.04-1.11x at 32; 2026-12-03)
+        # activations stay in cache (docs/performance.md)
         "learn.bootstrap_piece_rows": 32,
-        "model.channels_last": True,  # conv learner ~1.3x faster on this CPU (models/layout.place_model)
+        "model.channels_last": True,  # a faster conv learner on CPUs (models/layout.place_model)
         "learn.train_start_after_envsteps": 2_000,
         "learn.device": "auto",
         "eval.eval_freq": 2_000,
@@ -600,13 +598,9 @@ PRESETS["stochastic_cartpole_stochastic_muzero"] = {
 # gumbel_muzero: sequential halving needs few simulations (2 actions: 8 visits each). The completed-Q
 # transform rescales each node's Q values to [0, 1] (as mctx), so with 2 actions any Q gap, however small,
 # becomes the full sigma gap (c_visit + N) * c_scale = 5.8 logits and the policy target is near one-hot.
-# A span floor of 30 value units (CartPole values are 0 .. ~300) keeps small gaps small. Env steps to eval
-# mean >= 195, median / worst over seeds 0-9 by floor (whole loss scale): 3: 3,196 / 13,400; 10: 3,348 /
-# 5,608; 30: 2,680 / 4,296; 50: 3,044 / 4,264; 100: about 5,700 (6 seeds). The Gumbel policy target (the
-# improved policy) learns faster with MuZero's loss convention (root terms at full weight, each unrolled
-# step at 1/K), which is also what this preset had before the loss-scale option: floor 30 over seeds 0-16,
-# per_step: median 2,280 / worst 8,600 (whole: 2,936 / 4,984; the previous tree-wide Q rule, per_step:
-# 2,332 / 10,392 over seeds 0-17).
+# A span floor of 30 value units (CartPole values are 0 .. ~300) keeps small gaps small (floors from 3 to 100
+# were compared; 30 had the best median and worst case). The Gumbel policy target (the improved policy)
+# learns faster with MuZero's loss convention (root terms at full weight, each unrolled step at 1/K).
 PRESETS["cartpole_gumbel_muzero"] = {
     **PRESETS["cartpole_gumbel_muzero"],
     "mcts.num_simulations": 16,
@@ -616,14 +610,14 @@ PRESETS["cartpole_gumbel_muzero"] = {
 
 # muzero_context: roots are carried up to context_length_init - 1 dynamics steps, so the SSL consistency loss
 # (dynamics latents pulled towards the re-encoded observations; the reference CartPole config's weight) is
-# on. Seeds 0/1/2 reach eval mean >= 195 at 3.3k/4.3k/6.6k env steps (without it: 29.8k/5.4k/6.6k).
+# on (without it one seed of three took several times longer to reach 195).
 PRESETS["cartpole_muzero_context"] = {**PRESETS["cartpole_muzero_context"], "learn.ssl_loss_weight": 2.0}
 
 
 # ---------------------------------------------------------------------------------------------- sampled types
 # Sampled MuZero / Sampled EfficientZero (K actions sampled per search node). Continuous tasks: actions in
 # [-1, 1], mapped to the env's bounds by the env wrapper; the reference's Pendulum settings (K 20, segment 50,
-# batch 256, replay_ratio 0.25, 8 collector envs) with 25 simulations and Adam for a 2-core CPU.
+# batch 256, replay_ratio 0.25, 8 collector envs) with 25 simulations and Adam, sized for a small CPU.
 PRESETS["pendulum_sampled_efficientzero"] = {
     "exp_name": "pendulum_sampled_efficientzero",
     "policy.type": "sampled_efficientzero",
@@ -635,13 +629,13 @@ PRESETS["pendulum_sampled_efficientzero"] = {
     "model.hidden_dim": 128,
     "model.value_support_size": 50,  # h(1600) = 41.6 fits
     "model.reward_support_size": 10,  # h(16.3) = 3.1 fits
-    "policy.num_samples": 20,  # K (the reference's; K = 3 or 10 plateau near -600 there)
+    "policy.num_samples": 20,  # K (the reference's; it reports K = 3 or 10 plateauing near -600)
     "policy.policy_entropy_weight": 5e-3,
     "mcts.num_simulations": 25,
     "replay.game_segment_length": 50,
     "replay.num_unroll_steps": 5,
-    # 10-step value targets: with 5 (the reference's) seed 1 held at -258 to -276 from 24k env steps on;
-    # with 10 seeds 0-2 reach -250 at 32k / 32k / 24k (sampled_muzero keeps 5: it met the goal with it)
+    # 10-step value targets (the reference's 5 left a seed on a plateau just short of -250; sampled_muzero
+    # keeps 5)
     "replay.td_steps": 10,
     "learn.batch_size": 256,
     "learn.optimizer": "adam",
@@ -657,7 +651,7 @@ PRESETS["pendulum_sampled_muzero"] = {
     **PRESETS["pendulum_sampled_efficientzero"],
     "exp_name": "pendulum_sampled_muzero",
     "policy.type": "sampled_muzero",
-    "replay.td_steps": 5,  # seeds 0-2 reach -250 at 40k / 24k / 16k env steps with it
+    "replay.td_steps": 5,
 }
 PRESETS["lunarlander_cont_sampled_efficientzero"] = {
     **PRESETS["pendulum_sampled_efficientzero"],
@@ -702,7 +696,7 @@ PRESETS["pong_sampled_efficientzero"] = {
 
 # unizero: the reference's CartPole world model (2 layers, 2 heads, E = 64, K = 5, context 8 tokens,
 # batch 256, 25 simulations, replay_ratio 0.25, clip 5; loss weights latent 10 / value 0.5 / reward 1 /
-# policy 1, entropy 5e-3, EMA target 0.05) on the 2-core machine.
+# policy 1, entropy 5e-3, EMA target 0.05).
 PRESETS["cartpole_unizero"] = {
     **PRESETS["cartpole_muzero"],
     "exp_name": "cartpole_unizero",
@@ -746,8 +740,8 @@ PRESETS["pong_unizero"] = {
 
 # sampled_unizero: the reference's Pendulum settings (K 20, batch 64, K = 10 unroll steps, context 4 steps =
 # 8 tokens, discount 0.99, entropy weight 5e-2, 2 layers) with cartpole_unizero's world model (E 64, 2 heads
-# against the reference's 256 / 8: on the 2-core machine a train step took 0.21 s at E 128 / 4 heads and
-# 0.074 s at E 64), its loss weights and EMA target; evaluation every 5,000 train steps = 20k env steps at
+# against the reference's 256 / 8: on a small CPU a train step at E 128 / 4 heads costs about 3x one at
+# E 64), its loss weights and EMA target; evaluation every 5,000 train steps = 20k env steps at
 # replay_ratio 0.25 (8 episodes of 200 steps cost about as much as 1.6k collected env steps).
 PRESETS["pendulum_sampled_unizero"] = {
     **PRESETS["pendulum_sampled_efficientzero"],
@@ -766,7 +760,7 @@ PRESETS["pendulum_sampled_unizero"] = {
     "learn.value_loss_weight": 0.5,
     "learn.target_update_tau": 0.05,
     "eval.eval_freq": 5_000,
-    "stop_value": -300.0,  # the issue's goal (the MLP sampled presets stop at -250)
+    "stop_value": -300.0,  # the world-model type's goal (the MLP sampled presets stop at -250)
 }
 # The discrete sampled search on CartPole with K = |A| = 2 (every action sampled): cartpole_unizero otherwise.
 PRESETS["cartpole_sampled_unizero"] = {
@@ -783,15 +777,12 @@ PRESETS["cartpole_sampled_unizero"] = {
 # episodes reach the goal (the value is one constant, the visit targets stay uniform, collection is random),
 # and random play reaches it in only about 3% of 500-step episodes (median 1,700 steps without a limit), so
 # training episodes run up to 2,000 steps (evaluation keeps the env's 500). discount 0.99 and a target copy
-# every 25 train steps bring the value's offset (-1 / (1 - discount)) in within a few thousand env steps
-# (0.997 and 100 were still at a third of it after 6k); 50-step value targets carry a reached goal back over
-# a swing-up at once, and the off-policy correction shortens them for old data (50 for data younger than 200
-# transitions, one step less per 200 more, 10 past 8k): an older policy's slower swing-ups no longer pull the
-# values down (without it seed 0's evaluations swung -124 / -349 / -119 / -268 / -116 from 34k on; with it
-# they climb; 200 against 400: seeds 0-2 at 25.7k / 21.4k / 37.7k env steps against 50.6k / 25.4k / 38.0k).
-# Collection anneals its temperature 1.0 -> 0.5 -> 0.25 at 25k / 37.5k env steps: at 0.25 from the start,
-# seed 2's training episodes never reached the goal in 20k env steps (mean return -2000). Twice CartPole's
-# replay ratio (evaluations kept every 4k env steps).
+# every 25 train steps bring the value's offset (-1 / (1 - discount)) in within a few thousand env steps;
+# 50-step value targets carry a reached goal back over a swing-up at once, and the off-policy correction
+# shortens them for old data (50 for data younger than 200 transitions, one step less per 200 more, 10 past
+# 8k), so an older policy's slower swing-ups do not pull the values down. Collection anneals its temperature
+# 1.0 -> 0.5 -> 0.25 at 25k / 37.5k env steps, so early training episodes explore enough to reach the goal.
+# Twice CartPole's replay ratio (evaluations kept every 4k env steps).
 PRESETS["acrobot_muzero"] = {
     **PRESETS["cartpole_muzero"],
     "exp_name": "acrobot_muzero",

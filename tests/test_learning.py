@@ -32,14 +32,14 @@ GOALS = [
             "efficientzero", "gumbel_muzero", "stochastic_muzero", "muzero_context", "muzero_rnn_full_obs"
         )
     ],
-    *[("cartpole_unizero", s, *CARTPOLE) for s in (0, 1, 2)],  # issue 12: unizero on seeds 0-2
-    # continuous control and the discrete sampled search (issue 11)
+    *[("cartpole_unizero", s, *CARTPOLE) for s in (0, 1, 2)],
+    # continuous control and the discrete sampled search
     *[("pendulum_sampled_efficientzero", s, 50_000, 900) for s in (0, 1, 2)],
     *[("pendulum_sampled_muzero", s, 50_000, 900) for s in (0, 1, 2)],
     ("inverted_pendulum_sampled_efficientzero", 0, 30_000, 900),
     *[("cartpole_sampled_muzero", s, *CARTPOLE) for s in (0, 1, 2)],
-    ("pendulum_sampled_unizero", 0, 50_000, 3_600),  # issue 12: the preset stops at -300
-    # beyond CartPole (issue 17)
+    ("pendulum_sampled_unizero", 0, 50_000, 3_600),
+    # beyond CartPole
     *[("acrobot_muzero", s, 50_000, 2_400) for s in (0, 1, 2)],
     ("lunarlander_muzero", 0, 150_000, 4 * 3_600),
     ("lunarlander_efficientzero", 0, 150_000, 4 * 3_600),

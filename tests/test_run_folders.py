@@ -224,7 +224,7 @@ def test_standalone_runs_log_to_mlflow_by_env_steps_and_compare_reads_them(train
     exp = client.get_experiment_by_name("standalone")
     (run,) = client.search_runs([exp.experiment_id])
     assert run.info.status == "FINISHED" and run.data.tags["pipeline"] == "sync"
-    assert run.info.run_name == "sync-s0-ml"  # pipeline, seed, run folder (issue 15)
+    assert run.info.run_name == "sync-s0-ml"  # pipeline, seed, run folder
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
     assert run.data.params["model.hidden_dim"] == "32"
     hist = sorted(client.get_metric_history(run.info.run_id, "reward_mean"), key=lambda m: m.step)

@@ -24,8 +24,8 @@ def place_model(
     acting compute the same values).
 
     Channels-last puts every 4-D weight (conv kernels) in NHWC order; a conv with such a kernel returns NHWC
-    activations, so the whole conv stack runs in that layout while inputs stay NCHW. Measured on this 2-core
-    AVX2 CPU (oneDNN, the Pong conv net, CPU time, 2026-12-01): the target network's no-grad forward on 192
+    activations, so the whole conv stack runs in that layout while inputs stay NCHW. Measured on an AVX2
+    CPU (oneDNN, the Pong conv net, CPU time): the target network's no-grad forward on 192
     observations 1.37-1.45x faster, the SSL targets' 1.35x, a bare forward+backward at batch 32 1.10x. The
     values are not bit-identical to the NCHW ones (other kernels: ~3e-8 on the value logits), so it is a
     setting, on in the ``pong_muzero`` preset (acting there: a Pong collect step ~1.1x faster). MLP networks

@@ -84,8 +84,8 @@ def torch_thread_pool(name: str) -> ThreadPoolExecutor:
     sets OpenMP's count for the calling thread only: OpenMP keeps it per thread, and a thread started later
     runs its ops on a team of OpenMP's default size, one thread per core, although ``torch.get_num_threads()``
     still reports the caller's count there. A helper thread left so would run its forward on every core,
-    beside the caller's own work (on the 2-core machine a matmul loop on such a thread used 1.9 cores and
-    started an extra OS thread, and the same loop on the main thread beside it ran 1.6-2.0x slower). The
+    beside the caller's own work (a matmul loop on such a thread was seen using nearly two cores and
+    starting an extra OS thread, slowing the same loop on the main thread beside it). The
     pool's thread sets the count first."""
     return ThreadPoolExecutor(
         max_workers=1,
@@ -131,9 +131,9 @@ def make_optimizer(lc: LearnConfig, params: list[torch.nn.Parameter]) -> torch.o
     ``foreach=True`` is what torch picks on CUDA by default; on the CPU its default is the per-tensor loop.
     Both do the same element-wise arithmetic in the same order: the parameters and optimizer state after 60
     steps are bit-identical for Adam, AdamW and SGD with momentum (``tests/test_learner.py``), and the
-    foreach step is faster on the CPU (CartPole MLP: 1.36 -> 1.02 ms per Adam step, CPU time, 2026-12-01).
+    foreach step is faster on the CPU (about 1.3x per Adam step on the CartPole MLP).
 
-    ``fused=True`` measured 6.9 -> 1.1 ms per Adam step for the CartPole MLP on this CPU, but its other
+    ``fused=True`` measured several times faster per Adam step for the CartPole MLP on a CPU, but its other
     summation order changes the training trajectory: CartPole seeds 0-4 then needed a median of 3,640 env
     steps to 195 (worst 11,752) against 2,328 (worst 5,040) with this default, which reproduces the previous
     runs step for step. Left off until a wider seed comparison says the difference is chance.

@@ -24,7 +24,6 @@ _IMPLEMENTED: dict[str, str] = {
     "sampled_efficientzero": "muzero_tune.policies.sampled:SampledEfficientZeroPolicy",
     "sampled_unizero": "muzero_tune.policies.sampled_unizero:SampledUniZeroPolicy",
 }
-# Being built (issue 6); they move into _IMPLEMENTED when their module lands:
 
 
 def implemented_policy_types() -> tuple[str, ...]:

@@ -3,7 +3,7 @@
 :class:`Growable` is a plain numpy array with a live window ``[lo, hi)``; :class:`SumTreeArray` is one of
 float64 that also keeps a sum tree over its storage, so a prioritized draw finds its transitions in
 O(B log N) instead of the O(N) cumulative sum a ``rng.choice(n, p=...)`` call pays on every sample
-(8.7 against 0.49 ms for a draw of 256 at N = 1M on the 2-core development machine,
+(8.7 against 0.49 ms for a draw of 256 at N = 1M on a 2-vCPU machine,
 ``scripts/bench/bench_replay_sample.py``). The tree's kernels are in :mod:`muzero_tune.replay.sum_tree`.
 """
 
