@@ -154,8 +154,8 @@ class MLPStochasticMuZeroNet(nn.Module):
 
     def recurrent_inference(self, latent: Tensor, action: Tensor) -> RecurrentOutput:
         """A MuZero-shaped step for tools written against the MuZero network interface (e.g. the bare
-        forward+backward of ``scripts/bench/bench_learner.py``): afterstate, then the chance prior's most likely
-        code, then dynamics and prediction. The search and the loss never use it."""
+        forward+backward of ``scripts/bench/bench_learner.py``): afterstate, then the chance prior's most
+        likely code, then dynamics and prediction. The search and the loss never use it."""
         afterstate = self.afterstate_dynamics(latent, action)
         _, chance_logits = self.afterstate_predict(afterstate)
         code = F.one_hot(chance_logits.argmax(-1), self.chance_space_size).to(afterstate.dtype)

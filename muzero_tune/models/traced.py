@@ -7,8 +7,8 @@ What this module owns
     depends on shapes only, and never on the batch size) and when autograd is off, a traced twin of the call
     (made on first use, cached per model and call); otherwise the eager call. Why: per-module Python dispatch
     dominates small batches (a CartPole MLP recurrent call at batch 8 takes ~0.55x the eager one,
-    ``scripts/bench/bench_acting.py``), and a traced graph runs without holding the GIL, so the learner's helper
-    thread (``learn.overlap_bootstrap``) hardly slows the loss's forward on the main thread. Also
+    ``scripts/bench/bench_acting.py``), and a traced graph runs without holding the GIL, so the learner's
+    helper thread (``learn.overlap_bootstrap``) hardly slows the loss's forward on the main thread. Also
     :func:`autocast_dtype`, the precision autocast runs a call in, which keys the traces (torch >= 2.3).
 
 What it must never do

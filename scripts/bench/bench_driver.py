@@ -20,7 +20,7 @@ how many collectors help. This script measures, in one run:
    first count whose real collectors (one real collector's env steps per CPU second, from step 1, times the
    count: a core each) would produce more than that ceiling.
 
-    python scripts/bench/bench_driver.py                        # cartpole_muzero, replay ratio 0.25, 20 s per count
+    python scripts/bench/bench_driver.py  # cartpole_muzero, replay ratio 0.25, 20 s per count
     python scripts/bench/bench_driver.py --collectors 1 2 4 8 16 --wall-s 30 --set mcts.num_simulations=50
 
 Wall-clock rates on a shared 2-core machine depend on the kernel's scheduling (see ``clock`` below), and the

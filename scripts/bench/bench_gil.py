@@ -1,7 +1,7 @@
 """What a busy second thread in the learner's process does to its backward: why the driver does not build the
 next batch on a helper thread beside the backward.
 
-    python scripts/bench/bench_gil.py                   # CartPole MuZero, batch 256, 5 interleaved rounds (~2 min)
+    python scripts/bench/bench_gil.py  # CartPole MuZero, batch 256, 5 interleaved rounds (~2 min)
     python scripts/bench/bench_gil.py --preset cartpole_efficientzero --switch-interval-ms 0.2
 
 The learner's loss backward and optimizer step on one fixed batch are timed on the main thread alone, and

@@ -3,9 +3,11 @@ against a bare forward+backward of the same network on the same shapes, measured
 
     python scripts/bench/bench_learner.py                      # CartPole MuZero, batch 256, K=5, MLP
     python scripts/bench/bench_learner.py --preset pong_muzero --set learn.batch_size=32 --steps 5
-    python scripts/bench/bench_learner.py --clock cpu          # this process's CPU time (steadier when shared)
-    python scripts/bench/bench_learner.py --preset pong_muzero --set learn.batch_size=32 --set learn.num_threads=2
-    python scripts/bench/bench_learner.py --preset pong_muzero --set learn.batch_size=32 --flops   # + FLOP bounds
+    python scripts/bench/bench_learner.py --clock cpu  # this process's CPU time (steadier when shared)
+    python scripts/bench/bench_learner.py --preset pong_muzero --set learn.batch_size=32 \
+        --set learn.num_threads=2
+    # + FLOP bounds
+    python scripts/bench/bench_learner.py --preset pong_muzero --set learn.batch_size=32 --flops
 
 ``--clock cpu`` counts the CPU seconds this process spent (``time.process_time``): with one torch thread the
 work is the same, and the waits for a core that other processes hold are left out, so the ratios move far

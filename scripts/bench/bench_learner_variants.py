@@ -4,7 +4,8 @@
         --variant "serial:learn.prefetch_next_batch=false" --variant "ssl2:learn.helper_ssl_encodings=2"
     python scripts/bench/bench_learner_variants.py --preset pong_muzero --set learn.batch_size=32 \
         --variant "threads2:learn.num_threads=2" --busy-process
-    python scripts/bench/bench_learner_variants.py --steps 10 --variant "noprefetch:learn.prefetch_next_batch=false"
+    python scripts/bench/bench_learner_variants.py --steps 10 \
+        --variant "noprefetch:learn.prefetch_next_batch=false"
 
 One driver per variant -- the preset with ``--set`` (the ``base`` variant) and each ``--variant NAME:KEY=VALUE
 [,KEY=VALUE...]`` on top of it -- the same seed and data, each taking ``--steps`` full train steps (sample,

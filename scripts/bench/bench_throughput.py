@@ -4,10 +4,11 @@ Prints each pipeline's env steps/s and train steps/s, the async/sync ratio, and 
 from the sync run's measured collect and train times, (collect + train) / max(collect, train) per env
 step: what perfect overlap of collection with learning could give.
 
-    python scripts/bench/bench_throughput.py                          # CartPole, 1 and 2 collectors, 60 s each,
+    python scripts/bench/bench_throughput.py  # CartPole, 1 and 2 collectors, 60 s each,
                                                                 # 3 interleaved rounds: median ratio, spread
     python scripts/bench/bench_throughput.py --wall-s 120 --collectors 1 2 --set mcts.num_simulations=50
-    python scripts/bench/bench_throughput.py --preset pong_muzero --set learn.batch_size=32 ...   # Pong (issue 5)
+    # Pong (issue 5)
+    python scripts/bench/bench_throughput.py --preset pong_muzero --set learn.batch_size=32 ...
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ stream with the same RNG seeds and must return the same actions and values (chec
 the three so every variant sees the same machine load. Prints ms per collect step and the ratios.
 
     python scripts/bench/bench_unizero_cache.py --steps 60 --rounds 3
-    python scripts/bench/bench_unizero_cache.py --preset pendulum_sampled_unizero --baseline pendulum_sampled_muzero
+    python scripts/bench/bench_unizero_cache.py --preset pendulum_sampled_unizero \
+        --baseline pendulum_sampled_muzero
 """
 
 from __future__ import annotations

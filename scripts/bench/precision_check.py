@@ -8,7 +8,8 @@ the precision. Prints the losses every ``--every`` steps, the relative differenc
 the wall time per step of each.
 
     python scripts/bench/precision_check.py                                  # CartPole MuZero, 600 steps
-    python scripts/bench/precision_check.py --preset pong_muzero --set learn.batch_size=32 --steps 30 --every 5
+    python scripts/bench/precision_check.py --preset pong_muzero --set learn.batch_size=32 --steps 30 \
+        --every 5
 """
 
 from __future__ import annotations

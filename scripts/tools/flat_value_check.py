@@ -13,9 +13,11 @@ random play of the same env, prints:
 - the entropy of the root visit distributions (the policy targets) with collection noise, and which action
   the greedy evaluation search picks.
 
-    python scripts/tools/flat_value_check.py --preset cartpole_muzero --set env.env_id=Acrobot-v1 --env-steps 6000
+    python scripts/tools/flat_value_check.py --preset cartpole_muzero --set env.env_id=Acrobot-v1 \
+        --env-steps 6000
     python scripts/tools/flat_value_check.py --preset acrobot_muzero --env-steps 12000
-    python scripts/tools/flat_value_check.py --checkpoint runs/acrobot_muzero/ckpt/eval_000005.pt   # no training
+    # no training
+    python scripts/tools/flat_value_check.py --checkpoint runs/acrobot_muzero/ckpt/eval_000005.pt
 """
 
 from __future__ import annotations
