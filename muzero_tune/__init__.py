@@ -15,6 +15,7 @@ __all__ = [
     "UserError",
     "ExperimentConfig",
     "apply_overrides",
+    "evaluate",
     "load_policy",
     "make_config",
     "make_trainable",
@@ -27,18 +28,22 @@ __all__ = [
 
 def __getattr__(name: str):
     # heavy modules (torch, Ray) load on first use, so `import muzero_tune` and the CLI's --help stay fast
-    if name in ("train", "train_muzero_segment"):
-        from muzero_tune.pipeline import sync_driver
+    if name == "train":
+        from muzero_tune.api import train
 
-        return getattr(sync_driver, name)
+        return train
+    if name == "train_muzero_segment":
+        from muzero_tune.pipeline.sync_driver import train_muzero_segment
+
+        return train_muzero_segment
     if name == "train_muzero_segment_async":
-        from muzero_tune.pipeline.async_driver import train_muzero_segment_async
+        from muzero_tune.distributed.async_driver import train_muzero_segment_async
 
         return train_muzero_segment_async
-    if name == "load_policy":
-        from muzero_tune.pipeline.checkpoint import load_policy
+    if name in ("evaluate", "load_policy"):
+        from muzero_tune import api
 
-        return load_policy
+        return getattr(api, name)
     if name == "make_trainable":
         from muzero_tune.tune.trainable import make_trainable
 

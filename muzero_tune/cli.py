@@ -20,8 +20,8 @@ from muzero_tune.config import (
     parse_set_args,
     to_flat_dict,
 )
+from muzero_tune.distributed.cluster import DEFAULT_CONNECT_TIMEOUT_S
 from muzero_tune.errors import PathError, UserError
-from muzero_tune.pipeline.cluster import DEFAULT_CONNECT_TIMEOUT_S
 
 
 class _Parser(argparse.ArgumentParser):
@@ -197,9 +197,9 @@ def _resume_plan(args: argparse.Namespace):
     """(cfg, checkpoint dict, reporter) for ``train --resume PATH``: the checkpoint's own config with the
     overrides on top, continuing the checkpoint's run folder (or a new folder when exp_name/output_dir
     change, or when the checkpoint came from a Tune trial)."""
-    from muzero_tune.pipeline.checkpoint import find_checkpoint
-    from muzero_tune.pipeline.resume import describe_changes, resume_config
-    from muzero_tune.pipeline.sync_driver import run_dir
+    from muzero_tune.runs.checkpoint import find_checkpoint
+    from muzero_tune.runs.reporter import run_dir
+    from muzero_tune.runs.resume import describe_changes, resume_config
 
     if args.preset is not None:
         raise UserError(
@@ -242,8 +242,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.print_config:
         print(json.dumps(to_flat_dict(cfg), indent=1))
         return 0
+    from muzero_tune.api import train
     from muzero_tune.pipeline.core import check_policy_env
-    from muzero_tune.pipeline.sync_driver import default_reporter, train
+    from muzero_tune.runs.reporter import default_reporter
 
     validate(cfg)
     check_policy_env(cfg)  # before the run folder is claimed: a bad combination writes nothing
@@ -263,7 +264,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         f"checkpoints: {reporter.ckpt_dir}/"
     )
     if cfg.logging.mlflow:
-        from muzero_tune.tune.mlflow_log import default_tracking_uri
+        from muzero_tune.runs.mlflow_log import default_tracking_uri
 
         uri = cfg.logging.mlflow_tracking_uri or default_tracking_uri(cfg.logging.output_dir)
         print(
@@ -275,7 +276,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 def _join_cluster_for(cfg, args: argparse.Namespace) -> None:
     """Join --address / $RAY_ADDRESS now for an async run; a sync run needs no Ray (says so for --address)."""
-    from muzero_tune.pipeline.cluster import join_cluster, requested_address
+    from muzero_tune.distributed.cluster import join_cluster, requested_address
 
     _check_timeout(args)
     address = requested_address(args.address)
@@ -295,33 +296,25 @@ def _check_timeout(args: argparse.Namespace) -> None:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from muzero_tune.pipeline.checkpoint import find_checkpoint, policy_from_checkpoint
-    from muzero_tune.pipeline.core import EVAL_SEED_OFFSET, setup_torch_threads
-    from muzero_tune.pipeline.evaluator import Evaluator
+    from muzero_tune.api import evaluate
 
     overrides = parse_set_args(args.overrides)
-    setup_torch_threads()
-    found = find_checkpoint(args.checkpoint)
-    for path, problem in found.skipped:
-        _note(f"skipping damaged checkpoint {path}: {problem}")
-    ckpt = found.checkpoint
-    cfg, policy, model = policy_from_checkpoint(ckpt, overrides=overrides)
-    seed = args.seed if args.seed is not None else cfg.seed + EVAL_SEED_OFFSET
-    evaluator = Evaluator(cfg, policy, policy.spec, seed=seed)
-    try:
-        res = evaluator.evaluate(model, n_episodes=args.episodes, policy_version=ckpt["evaluated"]["version"])
-    finally:
-        evaluator.close()
-    reported = ckpt["evaluated"]["metrics"].get("reward_mean")
+    res = evaluate(
+        args.checkpoint,
+        episodes=args.episodes,
+        seed=args.seed,
+        overrides=overrides,
+        on_skipped=lambda path, problem: _note(f"skipping damaged checkpoint {path}: {problem}"),
+    )
     print(
         json.dumps(
             {
-                "checkpoint": found.path,
-                "version": res.policy_version,
+                "checkpoint": res.checkpoint,
+                "version": res.version,
                 "reward_mean": res.reward_mean,
                 "reward_std": res.reward_std,
                 "episodes": len(res.episode_returns),
-                "reported_reward_mean": reported,
+                "reported_reward_mean": res.reported_reward_mean,
                 "overrides": overrides,
             }
         )
@@ -396,8 +389,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     import os
 
     from muzero_tune.config import ExperimentConfig
+    from muzero_tune.runs.mlflow_log import default_tracking_uri
     from muzero_tune.tune.compare import compare
-    from muzero_tune.tune.mlflow_log import default_tracking_uri
 
     storage = os.path.abspath(ExperimentConfig().tune.storage_path)
     uri = args.tracking_uri or default_tracking_uri(storage)

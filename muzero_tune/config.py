@@ -22,32 +22,8 @@ from typing import Any
 
 import yaml
 
-from muzero_tune.errors import PathError, UserError
-
-POLICY_TYPES = (
-    "muzero",
-    "muzero_context",
-    "muzero_rnn_full_obs",
-    "efficientzero",
-    "sampled_efficientzero",
-    "sampled_muzero",
-    "gumbel_muzero",
-    "stochastic_muzero",
-    "unizero",
-    "sampled_unizero",
-)
-
-
-class ConfigWarning(UserWarning):
-    """A valid setting that has no effect or does not do what its name suggests (validation warns)."""
-
-
-class ConfigError(UserError, ValueError):
-    """A setting is unknown or out of range; raised before any work starts."""
-
-    def __init__(self, key: str, value: Any, allowed: str):
-        self.key, self.value, self.allowed = key, value, allowed
-        super().__init__(f"config key '{key}' = {value!r} is invalid: {allowed}")
+from muzero_tune.errors import ConfigError, ConfigWarning, PathError, UserError
+from muzero_tune.policies.registry import POLICY_TYPES  # light: names only, no policy code
 
 
 def param(

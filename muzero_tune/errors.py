@@ -9,6 +9,8 @@ This module must stay import-light (no torch, Ray or gymnasium): ``config.py`` a
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class UserError(Exception):
     """A bad input; the message is one line saying which input, its value and what is allowed."""
@@ -36,3 +38,15 @@ class ResumeConfigError(UserError):
 
 class MissingExtraError(UserError):
     """An optional dependency is not installed; the message says which extra to install."""
+
+
+class ConfigWarning(UserWarning):
+    """A valid setting that has no effect or does not do what its name suggests (validation warns)."""
+
+
+class ConfigError(UserError, ValueError):
+    """A setting is unknown or out of range; raised before any work starts."""
+
+    def __init__(self, key: str, value: Any, allowed: str):
+        self.key, self.value, self.allowed = key, value, allowed
+        super().__init__(f"config key '{key}' = {value!r} is invalid: {allowed}")

@@ -14,8 +14,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from muzero_tune.api import train
 from muzero_tune.config import make_config, parse_set_args
-from muzero_tune.pipeline.sync_driver import run_dir, train
+from muzero_tune.runs.reporter import run_dir
 
 SMOKE = {
     "max_env_step": 800,

@@ -16,8 +16,8 @@ import json
 import sys
 
 from muzero_tune.config import make_config, parse_set_args
-from muzero_tune.pipeline.reporter import MemoryReporter
 from muzero_tune.pipeline.sync_driver import train_muzero_segment
+from muzero_tune.runs.reporter import MemoryReporter
 
 
 class _EchoReporter(MemoryReporter):

@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from learning_curve import run_seed  # noqa: E402  (the one run function, shared with learning_curve.py)
 
 from muzero_tune.config import make_config, parse_set_args  # noqa: E402
-from muzero_tune.pipeline.reporter import MemoryReporter  # noqa: E402
+from muzero_tune.runs.reporter import MemoryReporter  # noqa: E402
 
 RESULTS_DIR = "results"
 

@@ -4,7 +4,7 @@ Prints the eval reward curve before and after the resume for (a) resume with the
 warm-up (learn.resume_warmup_transitions), (b) resume with no warm-up, and (c) resume with the replay buffer
 saved in the checkpoint, and draws them into one PNG. Counters continue exactly in every case.
 
-    python scripts/resume_curve.py --first 4000 --then 4000 --out runs/resume_curve.png
+    python scripts/resume_curve.py --first 4000 --then 4000 --out-dir runs/resume_curve
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import argparse
 import os
 
 from muzero_tune.config import make_config, parse_set_args
-from muzero_tune.pipeline.checkpoint import latest_checkpoint
-from muzero_tune.pipeline.reporter import MemoryReporter
-from muzero_tune.pipeline.sync_driver import default_reporter, train_muzero_segment
+from muzero_tune.pipeline.sync_driver import train_muzero_segment
+from muzero_tune.runs.checkpoint import latest_checkpoint
+from muzero_tune.runs.reporter import MemoryReporter, default_reporter
 
 
 def main(argv: list[str] | None = None) -> None:

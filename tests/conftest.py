@@ -163,8 +163,8 @@ def async_config():
 
 def _run_async(out_dir, overrides: dict | None = None, *, fault=None, standalone: bool = False,
                exp_name: str = "async", expect_error: type[BaseException] | None = None) -> AsyncRun:
-    from muzero_tune.pipeline.async_driver import train_muzero_segment_async
-    from muzero_tune.pipeline.reporter import MemoryReporter
+    from muzero_tune.distributed.async_driver import train_muzero_segment_async
+    from muzero_tune.runs.reporter import MemoryReporter
 
     cfg = _async_config(out_dir, overrides, exp_name=exp_name)
     reporter = None if standalone else MemoryReporter()
@@ -237,8 +237,8 @@ def fit_one_trial(cfg, storage_path):
 
 def trial_policy(result):
     """Load the newest checkpoint of a Tune ``result``: ``(cfg, policy, model, checkpoint dict)`` as
-    :func:`muzero_tune.pipeline.checkpoint.load_policy` returns them."""
-    from muzero_tune.pipeline.checkpoint import load_policy
+    :func:`muzero_tune.runs.checkpoint.load_policy` returns them."""
+    from muzero_tune.runs.checkpoint import load_policy
     from muzero_tune.tune.trainable import CHECKPOINT_FILE
 
     with result.checkpoint.as_directory() as d:

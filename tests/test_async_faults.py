@@ -9,9 +9,9 @@ import os
 import pytest
 import torch
 
+from muzero_tune.distributed.async_driver import ActorFailureError
 from muzero_tune.envs.faults import FaultSpec
-from muzero_tune.pipeline.async_driver import ActorFailureError
-from muzero_tune.pipeline.checkpoint import FORMAT
+from muzero_tune.runs.checkpoint import FORMAT
 
 AP = "policy.async_pipeline."
 NEVER_ENDS = 10**9

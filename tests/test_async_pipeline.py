@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from muzero_tune.pipeline.messages import weights_digest
-from muzero_tune.pipeline.reporter import MemoryReporter
+from muzero_tune.runs.reporter import MemoryReporter
 
 AP = "policy.async_pipeline."
 
@@ -188,7 +188,7 @@ def test_evaluators_eval_at_start_stats_interval_and_chunk(run_async, tmp_path, 
 
 
 def test_poll_interval_s_is_the_idle_wait(tmp_path, async_config):
-    from muzero_tune.pipeline.async_driver import AsyncDriver
+    from muzero_tune.distributed.async_driver import AsyncDriver
 
     took = {}
     for poll in (0.05, 1.0):
@@ -202,8 +202,8 @@ def test_poll_interval_s_is_the_idle_wait(tmp_path, async_config):
 
 
 def test_enabled_dispatches_to_the_async_driver(ray_cluster, tmp_path, capsys, async_config, async_small):
+    from muzero_tune.api import train
     from muzero_tune.cli import main as cli_main
-    from muzero_tune.pipeline.sync_driver import train
 
     small = {k: v for k, v in async_small.items() if k != AP + "enabled"}
     args = ["train", "--async-pipeline"]  # the CLI flag sets policy.async_pipeline.enabled
@@ -222,8 +222,8 @@ def test_enabled_dispatches_to_the_async_driver(ray_cluster, tmp_path, capsys, a
 
 @pytest.mark.parametrize("kind", ["collector", "evaluator"])
 def test_num_gpus_cannot_be_placed_on_a_cpu_cluster(kind, ray_cluster, tmp_path, async_config):
-    from muzero_tune.pipeline.async_driver import train_muzero_segment_async
-    from muzero_tune.pipeline.placement import PlacementError
+    from muzero_tune.distributed.async_driver import train_muzero_segment_async
+    from muzero_tune.distributed.placement import PlacementError
 
     cfg = async_config(tmp_path, {AP + f"{kind}_num_gpus": 0.5, AP + "actor_start_timeout_s": 3})
     out: list = []
@@ -241,9 +241,9 @@ def test_num_gpus_cannot_be_placed_on_a_cpu_cluster(kind, ray_cluster, tmp_path,
 
 
 def test_shutdown_timeout_s_bounds_closing_hung_actors(ray_cluster, tmp_path, alive_after, async_config):
+    from muzero_tune.distributed.async_driver import AsyncDriver
+    from muzero_tune.distributed.placement import standalone_placement
     from muzero_tune.envs.faults import FaultSpec
-    from muzero_tune.pipeline.async_driver import AsyncDriver
-    from muzero_tune.pipeline.placement import standalone_placement
 
     ray = ray_cluster
     timeout = 2.0
@@ -272,8 +272,8 @@ def test_collectors_boot_beside_the_learner_and_evaluators_while_it_trains(ray_c
     """Start-up: the collectors are created before the learner is built, the evaluators after it; without
     eval_at_start only the collectors' pings are awaited; an evaluation due meanwhile is queued behind the
     evaluator's constructor, and its clock (busy time, eval_timeout_s) starts when the evaluator answers."""
-    from muzero_tune.pipeline.async_driver import AsyncDriver
-    from muzero_tune.pipeline.placement import standalone_placement
+    from muzero_tune.distributed.async_driver import AsyncDriver
+    from muzero_tune.distributed.placement import standalone_placement
 
     cfg = async_config(tmp_path, {AP + "eval_at_start": False, AP + "num_collector_actors": 2})
     placement = standalone_placement(cfg, learner_on_gpu=False, timeout_s=30)
@@ -302,7 +302,7 @@ def test_a_learner_that_fails_to_build_takes_its_booting_collectors_down(monkeyp
                                                                           async_config):
     """The collectors start before the learner is built: when that build raises, the error reaches the
     caller and the collectors and the run's placement group are gone."""
-    from muzero_tune.pipeline import async_driver
+    from muzero_tune.distributed import async_driver
 
     spawned = []
     spawn = async_driver.AsyncDriver._spawn
@@ -333,8 +333,8 @@ def test_ray_local_mode_runs_actors_in_the_driver_process(tmp_path, async_small)
     code = (
         "import json, os, sys\n"
         "from muzero_tune.config import make_config\n"
-        "from muzero_tune.pipeline.async_driver import train_muzero_segment_async\n"
-        "from muzero_tune.pipeline.reporter import MemoryReporter\n"
+        "from muzero_tune.distributed.async_driver import train_muzero_segment_async\n"
+        "from muzero_tune.runs.reporter import MemoryReporter\n"
         f"cfg = make_config('cartpole_muzero', overrides={overrides!r})\n"
         "out = []\n"
         "s = train_muzero_segment_async(cfg, reporter=MemoryReporter(), driver_out=out)\n"

@@ -33,7 +33,7 @@ def test_pong_smoke_run_writes_loadable_checkpoints(pipeline, tmp_path):
     assert ckpt["config"]["env.env_id"] == "ALE/Pong-v5" and ckpt["config"]["env.frame_stack"] == 4
     assert ckpt["resume"]["learner"]["train_iter"] > 0
     # the preset's channels-last conv network, placed so again when the checkpoint is loaded to act
-    from muzero_tune.pipeline.checkpoint import load_policy
+    from muzero_tune.runs.checkpoint import load_policy
 
     cfg, policy, model, _ = load_policy(ckpts[-1])
     assert cfg.model.channels_last

@@ -284,7 +284,7 @@ def test_continuous_actions_through_push_sample_and_a_checkpoint(tmp_path):
     (tensors, ``torch.load(weights_only=True)``), bit for bit."""
     import torch
 
-    from muzero_tune.pipeline.checkpoint import to_numpy_tree, to_torch_tree
+    from muzero_tune.runs.checkpoint import to_numpy_tree, to_torch_tree
 
     rng = np.random.default_rng(1)
     buf = ReplayBuffer(capacity_transitions=100)

@@ -15,8 +15,8 @@ import torch
 from muzero_tune.config import PRESETS, make_config, to_flat_dict
 from muzero_tune.envs.cartpole_novel import CARTPOLE_NOVEL_ID
 from muzero_tune.envs.factory import env_family, env_spec, make_env, validate_env_id
-from muzero_tune.pipeline.checkpoint import latest_checkpoint, load_policy
 from muzero_tune.pipeline.sync_driver import train_muzero_segment
+from muzero_tune.runs.checkpoint import latest_checkpoint, load_policy
 
 PRESET_TYPES = ("muzero_rnn_full_obs", "muzero_context", "unizero", "muzero")
 SMALL = {

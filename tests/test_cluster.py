@@ -56,8 +56,8 @@ def _check_exact_counters(driver, probe) -> None:
 
 
 def _run(tmp_path, overrides, probe, *, exp_name):
-    from muzero_tune.pipeline.async_driver import train_muzero_segment_async
-    from muzero_tune.pipeline.reporter import MemoryReporter
+    from muzero_tune.distributed.async_driver import train_muzero_segment_async
+    from muzero_tune.runs.reporter import MemoryReporter
 
     cfg = _async_config(tmp_path, overrides, exp_name=exp_name)
     return train_muzero_segment_async(cfg, reporter=MemoryReporter(), driver_out=probe)
@@ -132,7 +132,7 @@ def test_a_two_trial_sweep_spreads_over_the_three_nodes(three_nodes, tmp_path):
     from mlflow.tracking import MlflowClient
     from ray import tune
 
-    from muzero_tune.tune.mlflow_log import TRIAL_TAG
+    from muzero_tune.runs.mlflow_log import TRIAL_TAG
     from muzero_tune.tune.sweep import run_sweep
 
     ray = three_nodes["ray"]
@@ -173,7 +173,7 @@ def test_losing_the_trials_own_node_retries_it_from_its_checkpoint_with_one_mlfl
     from ray.util import placement_group, placement_group_table, remove_placement_group
     from ray.util.placement_group import NODE_ID_LABEL_KEY
 
-    from muzero_tune.tune.mlflow_log import TRIAL_TAG
+    from muzero_tune.runs.mlflow_log import TRIAL_TAG
     from muzero_tune.tune.sweep import run_sweep
 
     ray, cluster = three_nodes["ray"], three_nodes["cluster"]

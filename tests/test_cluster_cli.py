@@ -127,7 +127,7 @@ def test_train_joins_a_cluster_started_with_ray_start_and_both_nodes_stop_at_the
 
 def test_placement_strategy_and_cluster_fit_are_checked_before_anything_starts():
     from muzero_tune.config import ConfigError, make_config
-    from muzero_tune.pipeline.cluster import ClusterError, check_reachable
+    from muzero_tune.distributed.cluster import ClusterError, check_reachable
     from muzero_tune.tune.resources import trial_bundles
     from muzero_tune.tune.sweep import check_bundles_fit_nodes
 

@@ -79,12 +79,21 @@ def test_overrides_coerce_strings_and_round_trip():
     assert len(to_flat_dict(cfg)) == len(leaf_keys())
 
 
-def test_a_known_but_unimplemented_type_fails_clearly(monkeypatch):
-    from muzero_tune.policies import registry
+def test_the_config_schema_and_the_registry_share_one_list_of_policy_names():
+    from muzero_tune.config import PolicyConfig
+    from muzero_tune.policies.registry import POLICY_TYPES, get_policy_class
 
-    monkeypatch.delitem(registry._IMPLEMENTED, "sampled_unizero")  # every mission type is implemented now
-    with pytest.raises(ConfigError, match="policy.type.*not implemented yet"):
-        make_config("cartpole_muzero", overrides={"policy.type": "sampled_unizero"})
+    allowed = PolicyConfig.__dataclass_fields__["type"].metadata
+    assert set(POLICY_TYPES) == {
+        "muzero", "muzero_context", "muzero_rnn_full_obs", "efficientzero", "sampled_efficientzero",
+        "sampled_muzero", "gumbel_muzero", "stochastic_muzero", "unizero", "sampled_unizero",
+    }  # fmt: skip
+    assert tuple(allowed["choices"]) == POLICY_TYPES
+    for name in POLICY_TYPES:
+        make_config("cartpole_muzero", overrides={"policy.type": name}, check_env=False)
+        assert isinstance(get_policy_class(name), type)
+    with pytest.raises(ConfigError, match="policy.type.*allowed"):
+        make_config("cartpole_muzero", overrides={"policy.type": "alphazero"})
 
 
 def test_presets_resolve_and_yaml(tmp_path):

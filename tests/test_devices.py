@@ -13,8 +13,8 @@ from muzero_tune.config import ConfigError, make_config
 from muzero_tune.pipeline.collector import fill_replay
 from muzero_tune.pipeline.core import DriverCore
 from muzero_tune.pipeline.learner import cpu_has_native_bf16, resolve_device
-from muzero_tune.pipeline.reporter import MemoryReporter
 from muzero_tune.replay.random_rollout import random_segments
+from muzero_tune.runs.reporter import MemoryReporter
 
 HAS_CUDA = torch.cuda.is_available()
 TINY = {"model.hidden_dim": 32, "model.latent_dim": 16, "mcts.num_simulations": 4, "learn.batch_size": 16}

@@ -16,8 +16,8 @@ import torch
 from muzero_tune.config import ConfigError, ConfigWarning, make_config
 from muzero_tune.pipeline.collector import fill_replay
 from muzero_tune.pipeline.core import DriverCore, setup_torch_threads
-from muzero_tune.pipeline.reporter import MemoryReporter
 from muzero_tune.pipeline.ssl_offload import fold_batch_statistics, shadow_network
+from muzero_tune.runs.reporter import MemoryReporter
 
 # a small conv MuZero on Pong: BatchNorm in every stage, the SSL loss on, K = 5
 PONG_TINY = {

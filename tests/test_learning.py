@@ -18,8 +18,8 @@ from __future__ import annotations
 import pytest
 
 from muzero_tune.config import make_config
-from muzero_tune.pipeline.reporter import MemoryReporter
 from muzero_tune.pipeline.sync_driver import train_muzero_segment
+from muzero_tune.runs.reporter import MemoryReporter
 
 CARTPOLE = (30_000, 600)  # (env-step budget, wall budget in s)
 

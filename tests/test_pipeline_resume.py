@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from muzero_tune.config import make_config
-from muzero_tune.pipeline.checkpoint import FORMAT, load_checkpoint, save_checkpoint
 from muzero_tune.pipeline.collector import SegmentCollector
 from muzero_tune.pipeline.core import DriverCore, setup_torch_threads
-from muzero_tune.pipeline.reporter import MemoryReporter
 from muzero_tune.pipeline.sync_driver import train_muzero_segment
+from muzero_tune.runs.checkpoint import FORMAT, load_checkpoint, save_checkpoint
+from muzero_tune.runs.reporter import MemoryReporter
 
 SMALL = {
     "model.hidden_dim": 32,

@@ -16,7 +16,6 @@ from muzero_tune.envs.factory import env_spec
 from muzero_tune.mcts.reference import reference_search
 from muzero_tune.models.efficientzero_net import ConvEfficientZeroNet, ValuePrefixOutput
 from muzero_tune.models.support import logits_to_scalar_np, scalar_to_target
-from muzero_tune.pipeline.checkpoint import latest_checkpoint, load_policy
 from muzero_tune.policies.efficientzero import (
     VALUE_PREFIX_KEY,
     EfficientZeroPolicy,
@@ -27,6 +26,7 @@ from muzero_tune.policies.muzero import MuZeroPolicy, soft_cross_entropy
 from muzero_tune.policies.registry import get_policy_class
 from muzero_tune.replay.buffer import SampledIndices
 from muzero_tune.replay.segment import GameSegment
+from muzero_tune.runs.checkpoint import latest_checkpoint, load_policy
 
 SMALL = {
     "model.hidden_dim": 32, "model.latent_dim": 16, "mcts.num_simulations": 4, "learn.batch_size": 32,
@@ -294,7 +294,7 @@ def test_registry_and_short_sync_run_writes_loadable_snapshot(tmp_path):
 
 
 def test_short_async_run_writes_loadable_snapshot(ray_cluster, tmp_path, async_small):
-    from muzero_tune.pipeline.async_driver import train_muzero_segment_async
+    from muzero_tune.distributed.async_driver import train_muzero_segment_async
 
     cfg = make_config("cartpole_efficientzero", overrides={
         **async_small, "policy.lstm_horizon_len": 2, "policy.lstm_hidden_size": 16,

@@ -17,10 +17,10 @@ from muzero_tune.config import make_config
 from muzero_tune.mcts.gumbel import GumbelMuZeroSearch
 from muzero_tune.mcts.gumbel_kernels import considered_visit_table
 from muzero_tune.mcts.reference import reference_gumbel_search
-from muzero_tune.pipeline.checkpoint import latest_checkpoint, load_policy
 from muzero_tune.pipeline.core import make_policy
 from muzero_tune.replay.buffer import ReplayBuffer
 from muzero_tune.replay.segment import GameSegment
+from muzero_tune.runs.checkpoint import latest_checkpoint, load_policy
 
 PRESET = "cartpole_gumbel_muzero"
 SMALL = {

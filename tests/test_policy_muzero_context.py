@@ -17,13 +17,13 @@ from conftest import fit_one_trial, trial_policy
 from muzero_tune.config import make_config
 from muzero_tune.mcts.reference import reference_search
 from muzero_tune.models.support import logits_to_scalar_np
-from muzero_tune.pipeline.checkpoint import latest_checkpoint, load_policy
 from muzero_tune.pipeline.core import EVAL_SEED_OFFSET, make_policy, setup_torch_threads
 from muzero_tune.pipeline.evaluator import Evaluator
 from muzero_tune.pipeline.sync_driver import train_muzero_segment
 from muzero_tune.policies.muzero import MuZeroPolicy
 from muzero_tune.policies.muzero_context import CarriedActState, MuZeroContextPolicy
 from muzero_tune.policies.registry import get_policy_class
+from muzero_tune.runs.checkpoint import latest_checkpoint, load_policy
 
 PRESET = "cartpole_muzero_context"
 SMALL = {

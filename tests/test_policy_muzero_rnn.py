@@ -20,7 +20,6 @@ from muzero_tune.config import make_config
 from muzero_tune.mcts.reference import reference_search
 from muzero_tune.models import logits_to_scalar_np
 from muzero_tune.models.rnn_net import RNNMuZeroNet
-from muzero_tune.pipeline.checkpoint import latest_checkpoint, load_policy
 from muzero_tune.pipeline.collector import SegmentCollector
 from muzero_tune.pipeline.core import EVAL_SEED_OFFSET, make_policy, setup_torch_threads
 from muzero_tune.pipeline.evaluator import Evaluator
@@ -29,6 +28,7 @@ from muzero_tune.policies import muzero_rnn as mr
 from muzero_tune.policies.registry import get_policy_class
 from muzero_tune.replay.buffer import ReplayBuffer, SampledIndices
 from muzero_tune.replay.segment import GameSegment
+from muzero_tune.runs.checkpoint import latest_checkpoint, load_policy
 
 PRESET = "cartpole_muzero_rnn_full_obs"
 SMALL = {

@@ -16,12 +16,12 @@ import torch.nn.functional as F
 from conftest import fit_one_trial, trial_policy
 
 from muzero_tune.config import ConfigError, make_config
-from muzero_tune.pipeline.checkpoint import latest_checkpoint, load_policy
 from muzero_tune.pipeline.core import EVAL_SEED_OFFSET, make_policy
 from muzero_tune.pipeline.evaluator import Evaluator
 from muzero_tune.policies.sampled import SampledEfficientZeroPolicy, SampledMuZeroPolicy
 from muzero_tune.replay.buffer import SampledIndices
 from muzero_tune.replay.segment import GameSegment
+from muzero_tune.runs.checkpoint import latest_checkpoint, load_policy
 
 K = 4
 SMALL = {

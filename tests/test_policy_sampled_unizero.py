@@ -20,7 +20,6 @@ from conftest import fit_one_trial, trial_policy
 from muzero_tune.config import make_config
 from muzero_tune.models import logits_to_scalar
 from muzero_tune.models.unizero_net import token_sequence
-from muzero_tune.pipeline.checkpoint import latest_checkpoint, load_policy
 from muzero_tune.pipeline.core import EVAL_SEED_OFFSET, make_policy, setup_torch_threads
 from muzero_tune.pipeline.evaluator import Evaluator
 from muzero_tune.policies.sampled_unizero import SampledUniZeroPolicy
@@ -28,6 +27,7 @@ from muzero_tune.policies.unizero import TARGET_LATENT
 from muzero_tune.replay.buffer import ReplayBuffer, SampledIndices
 from muzero_tune.replay.segment import GameSegment, SegmentBuilder
 from muzero_tune.replay.targets import TrainBatch, past_steps, reanalyze_positions
+from muzero_tune.runs.checkpoint import latest_checkpoint, load_policy
 
 PRESET = "pendulum_sampled_unizero"
 K = 4  # sampled actions per node

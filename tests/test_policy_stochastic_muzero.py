@@ -19,11 +19,11 @@ from muzero_tune.mcts.reference import reference_stochastic_search
 from muzero_tune.mcts.stochastic import StochasticMuZeroSearch
 from muzero_tune.models.muzero_net import InitialOutput
 from muzero_tune.models.support import scalar_to_target
-from muzero_tune.pipeline.checkpoint import latest_checkpoint, load_policy
 from muzero_tune.policies.registry import get_policy_class
 from muzero_tune.policies.stochastic_muzero import StochasticMuZeroPolicy
 from muzero_tune.replay.buffer import SampledIndices
 from muzero_tune.replay.segment import GameSegment
+from muzero_tune.runs.checkpoint import latest_checkpoint, load_policy
 
 PRESET = "cartpole_stochastic_muzero"
 ENV_PRESET = "stochastic_cartpole_stochastic_muzero"
@@ -380,7 +380,7 @@ def test_registry_and_short_sync_run_on_the_stochastic_env(tmp_path):
 
 
 def test_short_async_run_writes_loadable_snapshot(ray_cluster, tmp_path, async_small):
-    from muzero_tune.pipeline.async_driver import train_muzero_segment_async
+    from muzero_tune.distributed.async_driver import train_muzero_segment_async
 
     cfg = make_config(ENV_PRESET, overrides={
         **async_small, "policy.chance_space_size": 4, "logging.output_dir": str(tmp_path), "exp_name": "a"})

@@ -448,9 +448,9 @@ def test_actor_caches_are_void_after_a_new_snapshot():
     """Constraint 1: a collector actor that loads a new snapshot never uses a key of the old weights: its
     next root equals a fresh model's with the new weights over the same history."""
     from muzero_tune.config import to_flat_dict
-    from muzero_tune.pipeline.actors import CollectorWorker
+    from muzero_tune.distributed.actors import CollectorWorker
+    from muzero_tune.distributed.placement import LocalRef
     from muzero_tune.pipeline.messages import WeightsSnapshot
-    from muzero_tune.pipeline.placement import LocalRef
 
     cfg = make_config(PRESET, overrides={**SMALL, "replay.game_segment_length": 5})
     worker = CollectorWorker(to_flat_dict(cfg), actor_id=0)
@@ -485,9 +485,9 @@ def dataclasses_replace_ctx(state):
 def test_acting_never_touches_targets_or_buffer(monkeypatch):
     """Constraint 3 (actor side): collecting calls none of the methods that use the target model."""
     from muzero_tune.config import to_flat_dict
-    from muzero_tune.pipeline.actors import CollectorWorker
+    from muzero_tune.distributed.actors import CollectorWorker
+    from muzero_tune.distributed.placement import LocalRef
     from muzero_tune.pipeline.messages import WeightsSnapshot
-    from muzero_tune.pipeline.placement import LocalRef
 
     def forbidden(*a, **k):
         raise AssertionError("an actor used a target-model method")
@@ -539,7 +539,7 @@ def _check_driver_calls(calls, learner, train_iter: int):
 
 
 def _check_snapshot(run_dir: str):
-    from muzero_tune.pipeline.checkpoint import latest_checkpoint, load_policy
+    from muzero_tune.runs.checkpoint import latest_checkpoint, load_policy
 
     path = latest_checkpoint(run_dir)
     assert path is not None

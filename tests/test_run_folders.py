@@ -18,7 +18,7 @@ import time
 import pytest
 from conftest import CLI_SMALL, run_cli, set_args
 
-from muzero_tune.pipeline.checkpoint import eval_checkpoints, find_checkpoint, load_checkpoint
+from muzero_tune.runs.checkpoint import eval_checkpoints, find_checkpoint, load_checkpoint
 
 
 def rows(run: str) -> list[dict]:
@@ -170,7 +170,7 @@ def test_resume_from_an_eval_file_with_a_new_exp_name_branches_into_a_new_folder
 
 WRITER = """
 import os, sys
-from muzero_tune.pipeline.checkpoint import FORMAT, save_checkpoint
+from muzero_tune.runs.checkpoint import FORMAT, save_checkpoint
 import torch
 folder = sys.argv[1]
 blob = {"w": torch.randn(400_000)}

@@ -14,14 +14,14 @@ import torch
 
 from muzero_tune.cli import main as cli_main
 from muzero_tune.config import make_config
-from muzero_tune.pipeline.checkpoint import latest_checkpoint, load_policy, to_numpy_tree
 from muzero_tune.pipeline.core import EVAL_SEED_OFFSET
 from muzero_tune.pipeline.evaluator import Evaluator
-from muzero_tune.pipeline.reporter import MemoryReporter
 from muzero_tune.pipeline.sync_driver import train_muzero_segment
 from muzero_tune.policies import registry
 from muzero_tune.policies.base import ActOutput, LossOutput, Policy
 from muzero_tune.replay.targets import make_batch
+from muzero_tune.runs.checkpoint import latest_checkpoint, load_policy, to_numpy_tree
+from muzero_tune.runs.reporter import MemoryReporter
 
 SMALL = {
     "model.hidden_dim": 32,
@@ -268,7 +268,7 @@ def test_continuous_sync_run_trains_and_checkpoints_unit_actions(tmp_path, monke
 def test_continuous_async_local_mode_carries_unit_actions(tmp_path, monkeypatch):
     """The async driver (actors in-process, ``ray_local_mode``): collector results cross the message
     boundary with [M, D] float32 segments and the learner trains on [B, K, D] batches."""
-    from muzero_tune.pipeline.async_driver import train_muzero_segment_async
+    from muzero_tune.distributed.async_driver import train_muzero_segment_async
 
     monkeypatch.setitem(registry._IMPLEMENTED, "sampled_muzero", f"{__name__}:UnitActionPolicy")
     monkeypatch.setattr(UnitActionPolicy, "seen_batch_actions", [])

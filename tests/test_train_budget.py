@@ -9,11 +9,11 @@ import math
 import torch
 
 from muzero_tune.config import make_config
-from muzero_tune.pipeline.checkpoint import to_torch_tree
 from muzero_tune.pipeline.core import DriverCore
 from muzero_tune.pipeline.messages import CollectResult
-from muzero_tune.pipeline.reporter import MemoryReporter
 from muzero_tune.pipeline.sync_driver import train_muzero_segment
+from muzero_tune.runs.checkpoint import to_torch_tree
+from muzero_tune.runs.reporter import MemoryReporter
 
 SMALL = {
     "model.hidden_dim": 32, "model.latent_dim": 16, "mcts.num_simulations": 2, "learn.batch_size": 32,

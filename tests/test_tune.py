@@ -14,11 +14,11 @@ import os
 import pytest
 
 from muzero_tune.config import ConfigError, make_config, to_flat_dict
-from muzero_tune.pipeline.checkpoint import load_checkpoint, load_policy
 from muzero_tune.pipeline.core import EVAL_SEED_OFFSET, setup_torch_threads
 from muzero_tune.pipeline.evaluator import Evaluator
 from muzero_tune.pipeline.messages import weights_digest
-from muzero_tune.tune.mlflow_log import TRIAL_TAG, default_tracking_uri, ensure_experiment
+from muzero_tune.runs.checkpoint import load_checkpoint, load_policy
+from muzero_tune.runs.mlflow_log import TRIAL_TAG, default_tracking_uri, ensure_experiment
 from muzero_tune.tune.trainable import CHECKPOINT_FILE
 
 AP = "policy.async_pipeline."
@@ -341,7 +341,7 @@ def test_sweep_experiment_opens_as_model_training_with_a_description_and_a_group
 
     from mlflow.tracking import MlflowClient
 
-    from muzero_tune.tune import mlflow_log as ml
+    from muzero_tune.runs import mlflow_log as ml
 
     exp = MlflowClient(async_sweep.tracking_uri).get_experiment_by_name(async_sweep.experiment_name)
     tags = exp.tags

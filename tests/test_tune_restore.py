@@ -21,8 +21,8 @@ import sys
 import time
 
 from muzero_tune.pipeline import proc_cpu
-from muzero_tune.pipeline.checkpoint import load_checkpoint
-from muzero_tune.tune.mlflow_log import TRIAL_TAG, default_tracking_uri
+from muzero_tune.runs.checkpoint import load_checkpoint
+from muzero_tune.runs.mlflow_log import TRIAL_TAG, default_tracking_uri
 from muzero_tune.tune.trainable import CHECKPOINT_FILE
 
 HELPER = os.path.join(os.path.dirname(__file__), "tune_helpers", "sweep_proc.py")

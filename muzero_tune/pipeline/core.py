@@ -26,14 +26,14 @@ import torch
 from muzero_tune.config import ExperimentConfig, to_flat_dict
 from muzero_tune.envs import env_spec
 from muzero_tune.pipeline import schedule
-from muzero_tune.pipeline.checkpoint import to_numpy_tree
 from muzero_tune.pipeline.learner import Learner, LearnOutput
 from muzero_tune.pipeline.messages import CollectResult, EvalResult
-from muzero_tune.pipeline.reporter import Reporter
 from muzero_tune.policies.base import check_action_kind
 from muzero_tune.policies.registry import get_policy_class, policy_types_for
 from muzero_tune.replay.buffer import ReplayBuffer, SampledIndices
 from muzero_tune.replay.targets import PendingBootstrap, TrainBatch, reanalyze_positions
+from muzero_tune.runs.checkpoint import to_numpy_tree
+from muzero_tune.runs.reporter import Reporter
 
 EVAL_SEED_OFFSET = 100_000  # evaluator episode j is reset with seed cfg.seed + EVAL_SEED_OFFSET + j
 EPISODE_WINDOW = 100  # collect/episode_*_mean average the last this many finished training episodes

@@ -6,11 +6,9 @@ It never starts Ray. Training semantics live in :class:`DriverCore` and are shar
 from __future__ import annotations
 
 import copy
-import os
 import time
 
 from muzero_tune.config import ExperimentConfig, validate
-from muzero_tune.pipeline.checkpoint import load_checkpoint
 from muzero_tune.pipeline.collector import SegmentCollector, visit_temperature
 from muzero_tune.pipeline.core import (
     EVAL_SEED_OFFSET,
@@ -20,50 +18,8 @@ from muzero_tune.pipeline.core import (
     setup_torch_threads,
 )
 from muzero_tune.pipeline.evaluator import Evaluator
-from muzero_tune.pipeline.reporter import Reporter, StandaloneReporter
-
-
-def run_dir(cfg: ExperimentConfig) -> str:
-    return os.path.join(cfg.logging.output_dir, cfg.exp_name)
-
-
-def default_reporter(
-    cfg: ExperimentConfig,
-    *,
-    resume_from: str | dict | None = None,
-    resume_eval_index: int | None = None,
-    overwrite: bool = False,
-    folder: str | None = None,
-) -> StandaloneReporter:
-    """The standalone reporter of ``cfg``'s run folder (``folder``, default ``<output_dir>/<exp_name>``).
-
-    A new run refuses a folder holding another run unless ``overwrite``. Resuming from a checkpoint path
-    inside that folder (or giving ``resume_eval_index``) continues the folder's run from that evaluation;
-    any other resume source starts a new run in the folder.
-    """
-    from muzero_tune.config import to_flat_dict
-    from muzero_tune.pipeline.checkpoint import find_checkpoint
-
-    folder = folder or run_dir(cfg)
-    if resume_eval_index is None and isinstance(resume_from, str):
-        found = find_checkpoint(resume_from)
-        if found.run_dir is not None and os.path.realpath(found.run_dir) == os.path.realpath(folder):
-            resume_eval_index = found.eval_index
-    mlflow_uri = None
-    if cfg.logging.mlflow:
-        from muzero_tune.tune.mlflow_log import default_tracking_uri
-
-        mlflow_uri = cfg.logging.mlflow_tracking_uri or default_tracking_uri(cfg.logging.output_dir)
-    return StandaloneReporter(
-        folder,
-        flat_config=to_flat_dict(cfg),
-        progress_interval_s=cfg.logging.progress_interval_s,
-        quiet=cfg.logging.quiet,
-        resume_eval_index=resume_eval_index,
-        overwrite=overwrite,
-        mlflow_uri=mlflow_uri,
-        mlflow_experiment=cfg.logging.mlflow_experiment,
-    )
+from muzero_tune.runs.checkpoint import load_checkpoint
+from muzero_tune.runs.reporter import Reporter, default_reporter
 
 
 def train_muzero_segment(
@@ -162,14 +118,3 @@ def train_muzero_segment(
         evaluator.close()
         reporter.close()
     return RunSummary(stop_reason, core.counters.env_steps, core.train_iter, evals, core.wall_s(), timings)
-
-
-def train(
-    cfg: ExperimentConfig, *, reporter: Reporter | None = None, resume_from: str | dict | None = None
-) -> RunSummary:
-    """Run the pipeline the config selects: async when ``policy.async_pipeline.enabled``, else sync."""
-    if cfg.policy.async_pipeline.enabled:
-        from muzero_tune.pipeline.async_driver import train_muzero_segment_async
-
-        return train_muzero_segment_async(cfg, reporter=reporter, resume_from=resume_from)
-    return train_muzero_segment(cfg, reporter=reporter, resume_from=resume_from)

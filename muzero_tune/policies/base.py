@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from muzero_tune.config import ConfigError
+from muzero_tune.errors import ConfigError
 
 if TYPE_CHECKING:
     import torch

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from muzero_tune.config import ConfigError
+from muzero_tune.errors import ConfigError
 from muzero_tune.mcts.sampled import SampledSearch
 from muzero_tune.models.sampled_net import (
     MLPGaussianEfficientZeroNet,

@@ -45,7 +45,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from muzero_tune.config import ConfigError
+from muzero_tune.errors import ConfigError
 from muzero_tune.mcts import select_action
 from muzero_tune.models import logits_to_scalar, logits_to_scalar_np, scalar_to_target
 from muzero_tune.models.kv_cache import NodeContextStore, TokenContext, bump_cache_epoch, weights_tag

@@ -15,7 +15,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from muzero_tune.errors import UserError
-from muzero_tune.tune.mlflow_log import (
+from muzero_tune.runs.mlflow_log import (
     COMPARE_SUFFIX,
     DEFAULT_UI_URL,
     DESCRIPTION_TAG,

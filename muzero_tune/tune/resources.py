@@ -9,7 +9,7 @@ indices. A sync trial is bundle 0 alone.
 from __future__ import annotations
 
 from muzero_tune.config import ExperimentConfig
-from muzero_tune.pipeline.placement import bundles, driver_bundle, total_resources
+from muzero_tune.distributed.placement import bundles, driver_bundle, total_resources
 
 
 def learner_wants_gpu(cfg: ExperimentConfig, *, cluster_gpus: float | None = None) -> bool:

@@ -25,8 +25,8 @@ from muzero_tune.config import (
     to_flat_dict,
     validate,
 )
+from muzero_tune.distributed.cluster import DEFAULT_CONNECT_TIMEOUT_S
 from muzero_tune.errors import PathError
-from muzero_tune.pipeline.cluster import DEFAULT_CONNECT_TIMEOUT_S
 from muzero_tune.tune.resources import trial_bundles, trial_resources
 
 SWEEP_FILE = "muzero_tune_sweep.json"
@@ -64,7 +64,7 @@ def check_fits_cluster(cfg: ExperimentConfig, param_space: dict[str, Any]) -> No
     on some node, and under STRICT_SPREAD one node per bundle."""
     import ray
 
-    from muzero_tune.pipeline.cluster import alive_nodes
+    from muzero_tune.distributed.cluster import alive_nodes
 
     have = ray.cluster_resources()
     nodes = alive_nodes()
@@ -183,7 +183,7 @@ def init_ray_for(
     connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
 ) -> None:
     """Join ``address`` (or ``RAY_ADDRESS``), else start a local Ray big enough for ``concurrency`` trials."""
-    from muzero_tune.pipeline.cluster import requested_address, start_or_join
+    from muzero_tune.distributed.cluster import requested_address, start_or_join
 
     if num_cpus is not None and requested_address(address) is not None:
         raise ConfigError(
@@ -237,7 +237,7 @@ def run_sweep(
 
     from ray import tune
 
-    from muzero_tune.tune.mlflow_log import (
+    from muzero_tune.runs.mlflow_log import (
         count_trials,
         default_tracking_uri,
         ensure_experiment,

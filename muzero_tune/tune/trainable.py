@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 
 from muzero_tune.config import ExperimentConfig, apply_overrides, from_flat_dict, to_flat_dict, validate
-from muzero_tune.pipeline.checkpoint import FORMAT, load_checkpoint, save_checkpoint
+from muzero_tune.runs.checkpoint import FORMAT, load_checkpoint, save_checkpoint
 from muzero_tune.tune.resources import placement_group_factory
 
 CHECKPOINT_FILE = "checkpoint.pt"
@@ -124,7 +124,7 @@ def actor_placement(driver) -> dict:
 
 
 def trial_tags(cfg: ExperimentConfig, sweep_name: str) -> dict[str, str]:
-    from muzero_tune.tune.mlflow_log import KIND_TAG, run_tags
+    from muzero_tune.runs.mlflow_log import KIND_TAG, run_tags
 
     return run_tags(to_flat_dict(cfg), sweep=sweep_name, **{KIND_TAG: "trial"})
 
@@ -141,13 +141,13 @@ def run_trial(
     """The trial body (module-level so Ray can pickle the trainable by reference)."""
     from ray import tune
 
-    from muzero_tune.pipeline.sync_driver import train
+    from muzero_tune.api import train
 
     cfg = validate(apply_overrides(from_flat_dict(base_flat), config))
     ctx = tune.get_context()
     mlflow_run = None
     if mlflow_uri is not None:
-        from muzero_tune.tune.mlflow_log import TrialRun, run_name
+        from muzero_tune.runs.mlflow_log import TrialRun, run_name
 
         flat = to_flat_dict(cfg)
         name = run_name(flat, ctx.get_trial_id(), swept=config)  # the keys this trial's param_space set
@@ -174,7 +174,7 @@ def run_trial(
     )
     try:
         if cfg.policy.async_pipeline.enabled:
-            from muzero_tune.pipeline.async_driver import train_muzero_segment_async
+            from muzero_tune.distributed.async_driver import train_muzero_segment_async
 
             summary = train_muzero_segment_async(
                 cfg, reporter=reporter, resume_from=resume, driver_out=driver_out
@@ -208,7 +208,7 @@ def make_trainable(
 
     from ray import tune
 
-    from muzero_tune.tune.mlflow_log import default_tracking_uri, ensure_experiment
+    from muzero_tune.runs.mlflow_log import default_tracking_uri, ensure_experiment
 
     storage = os.path.abspath(cfg.tune.storage_path)
     if mlflow_uri == "default":

@@ -1,7 +1,8 @@
 """What the learner benchmarks share (not a benchmark itself): the ``--preset`` / ``--set`` options, a driver
 with a filled buffer, and full train steps of several drivers timed in interleaved rounds.
 
-The scripts import it as ``bench_common``: ``python scripts/<name>.py`` puts ``scripts/`` first on the path.
+The scripts import it as ``bench_common``: ``python scripts/bench/<name>.py`` puts ``scripts/bench/`` first
+on the path.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Hashable
 from muzero_tune.config import make_config, parse_set_args
 from muzero_tune.pipeline.collector import fill_replay
 from muzero_tune.pipeline.core import DriverCore
-from muzero_tune.pipeline.reporter import MemoryReporter
+from muzero_tune.runs.reporter import MemoryReporter
 
 
 def add_preset_args(p: argparse.ArgumentParser, default: str = "cartpole_muzero") -> None:

@@ -73,9 +73,9 @@ def restamp(result: CollectResult, tag: str, version: int = 0) -> CollectResult:
 
 def record_collects(cfg, n: int) -> tuple[list[CollectResult], float]:
     """``n`` real collects with the preset's untrained network; and one collector's env steps per CPU s."""
-    from muzero_tune.pipeline.actors import CollectorWorker
+    from muzero_tune.distributed.actors import CollectorWorker
+    from muzero_tune.distributed.placement import LocalRef
     from muzero_tune.pipeline.messages import WeightsSnapshot
-    from muzero_tune.pipeline.placement import LocalRef
 
     w = CollectorWorker(to_flat_dict(cfg), 0)
     weights = {k: v.detach().numpy().copy() for k, v in w.model.state_dict().items()}
@@ -96,7 +96,7 @@ def time_phases(cfg, recorded: list[CollectResult], *, rounds: int) -> dict:
     replay ratio."""
     from muzero_tune.pipeline.core import DriverCore
     from muzero_tune.pipeline.messages import weights_digest
-    from muzero_tune.pipeline.reporter import MemoryReporter
+    from muzero_tune.runs.reporter import MemoryReporter
 
     core = DriverCore(cfg, MemoryReporter())
     lc, rc = cfg.learn, cfg.replay
@@ -203,10 +203,10 @@ def absorb(cfg, n_collectors: int, wall_s: float, out_dir: str) -> dict:
     import ray
 
     from muzero_tune.config import apply_overrides
-    from muzero_tune.pipeline.async_driver import AsyncDriver
+    from muzero_tune.distributed.async_driver import AsyncDriver
+    from muzero_tune.distributed.placement import standalone_placement
     from muzero_tune.pipeline.learner import LearnOutput
-    from muzero_tune.pipeline.placement import standalone_placement
-    from muzero_tune.pipeline.reporter import MemoryReporter
+    from muzero_tune.runs.reporter import MemoryReporter
 
     cfg = apply_overrides(cfg, {
         "policy.async_pipeline.enabled": True, "policy.async_pipeline.num_collector_actors": n_collectors,

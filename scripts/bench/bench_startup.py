@@ -29,8 +29,8 @@ if pipeline == "async":
     time.sleep(5)  # a warm cluster, as a sweep's: Ray's own worker processes are up
 from muzero_tune.config import make_config
 from muzero_tune.pipeline.core import DriverCore
-from muzero_tune.pipeline.reporter import MemoryReporter
-from muzero_tune.pipeline.sync_driver import train
+from muzero_tune.runs.reporter import MemoryReporter
+from muzero_tune.api import train
 
 first = []
 train_step = DriverCore.train_step

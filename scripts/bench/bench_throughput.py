@@ -21,7 +21,7 @@ import numpy as np
 
 from muzero_tune.config import make_config, parse_set_args
 from muzero_tune.pipeline import proc_cpu
-from muzero_tune.pipeline.reporter import MemoryReporter
+from muzero_tune.runs.reporter import MemoryReporter
 
 
 class MarkingReporter(MemoryReporter):
@@ -51,7 +51,7 @@ def run(
     out_dir: str,
     cpu_interval_s: float = 0.0,
 ) -> dict:
-    from muzero_tune.pipeline.async_driver import train_muzero_segment_async
+    from muzero_tune.distributed.async_driver import train_muzero_segment_async
     from muzero_tune.pipeline.sync_driver import train_muzero_segment
 
     common = {

@@ -15,12 +15,12 @@ import tempfile
 import time
 
 from muzero_tune.config import make_config, parse_set_args
-from muzero_tune.pipeline.checkpoint import FORMAT, load_checkpoint, save_checkpoint
-from muzero_tune.pipeline.reporter import MemoryReporter
+from muzero_tune.runs.checkpoint import FORMAT, load_checkpoint, save_checkpoint
+from muzero_tune.runs.reporter import MemoryReporter
 
 
 def bare(cfg):
-    from muzero_tune.pipeline.sync_driver import train
+    from muzero_tune.api import train
 
     s = train(cfg, reporter=MemoryReporter())
     return s.env_steps / s.wall_s

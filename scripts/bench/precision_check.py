@@ -25,7 +25,7 @@ from muzero_tune.config import make_config
 from muzero_tune.pipeline.collector import fill_replay
 from muzero_tune.pipeline.core import DriverCore, setup_torch_threads
 from muzero_tune.pipeline.learner import Learner
-from muzero_tune.pipeline.reporter import MemoryReporter
+from muzero_tune.runs.reporter import MemoryReporter
 
 TERMS = ("train/loss_total", "train/loss_value", "train/loss_policy", "train/loss_reward", "train/loss_ssl")
 

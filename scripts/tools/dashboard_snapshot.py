@@ -34,7 +34,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from muzero_tune.tune.mlflow_log import experiment_url, run_url  # noqa: E402
+from muzero_tune.runs.mlflow_log import experiment_url, run_url  # noqa: E402
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 CHROMIUM_FLAGS = (

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU device check: one prepared run of at most ~9 minutes on the device tool's GPU machine (issue 13 item 7).
+# GPU check: one prepared run of at most ~9 minutes on a CUDA machine: the CUDA paths and their throughput.
 #   0. packages: the device machine reaches no package index, so what its image lacks (gymnasium, ale-py, ray
 #      and ray's jsonschema) comes in .whl/, built beforehand on this machine by scripts/tools/device_wheels.sh and
 #      carried with the call (`carry: [".whl"]`); installed into /tmp/site. On a machine that reaches an
@@ -12,7 +12,7 @@
 # Usage: bash scripts/tools/device_check.sh [WALL_S_PER_PIPELINE]        (default 45)
 #        DEVICE=cpu PRESET=cartpole_muzero bash scripts/tools/device_check.sh 10   (a rehearsal on a CPU machine)
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 WALL=${1:-45}
 DEVICE=${DEVICE:-cuda}
 PRESET=${PRESET:-pong_muzero}

@@ -11,9 +11,9 @@
 # --target folder beside the wheels. The whole of .whl/ is about 34 MB; .gitignore keeps it out of git.
 #
 # Usage: bash scripts/tools/device_wheels.sh [PYTHON_VERSION]   (default 3.12, the image's; 3.11 for a rehearsal
-#        on this machine, in a venv with only the image's packages: see the README's Atari section)
+#        on this machine, in a venv with only the image's packages: see docs/atari-and-gpus.md)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 PYVER=${1:-3.12}
 PY=${PYTHON:-python3}
 TAG="cp${PYVER/./}"

@@ -31,10 +31,10 @@ import torch
 from muzero_tune.config import from_flat_dict, make_config, parse_set_args, validate
 from muzero_tune.envs.factory import make_env
 from muzero_tune.models import logits_to_scalar
-from muzero_tune.pipeline.checkpoint import load_checkpoint
 from muzero_tune.pipeline.core import make_policy
-from muzero_tune.pipeline.reporter import MemoryReporter
 from muzero_tune.pipeline.sync_driver import train_muzero_segment
+from muzero_tune.runs.checkpoint import load_checkpoint
+from muzero_tune.runs.reporter import MemoryReporter
 
 
 def random_play_states(env_id: str, *, episodes: int, seed: int, every: int) -> np.ndarray:

@@ -98,7 +98,7 @@ def ensure_ray(cfg: ExperimentConfig) -> None:
 
     Not used with ``ray_local_mode`` (see :class:`LocalRay`): Ray 2.60's ``ray.init(local_mode=True)`` raises.
     """
-    from muzero_tune.pipeline.cluster import start_or_join
+    from muzero_tune.distributed.cluster import start_or_join
 
     need = total_resources(bundles(cfg, learner_on_gpu=False))
     start_or_join(num_cpus=max(os.cpu_count() or 1, int(need.get("CPU", 1) + 0.999)))

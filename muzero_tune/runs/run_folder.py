@@ -21,7 +21,7 @@ import shutil
 import uuid
 
 from muzero_tune.errors import CheckpointError, RunFolderError
-from muzero_tune.pipeline.checkpoint import _EVAL_FILE, _load_file, eval_checkpoints
+from muzero_tune.runs.checkpoint import _EVAL_FILE, _load_file, eval_checkpoints
 
 RUN_FILE = "run.json"
 RUN_FILES = (RUN_FILE, "config.json", "metrics.jsonl")

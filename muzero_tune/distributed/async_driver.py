@@ -26,10 +26,18 @@ from typing import Any
 import numpy as np
 
 from muzero_tune.config import ExperimentConfig, resolved_async, to_flat_dict, validate
+from muzero_tune.distributed.actors import CollectorWorker, EvaluatorWorker
+from muzero_tune.distributed.placement import (
+    ActorPlacement,
+    LocalRay,
+    current_placement,
+    describe_shortfall,
+    ensure_ray,
+    local_placement,
+    standalone_placement,
+)
 from muzero_tune.envs.faults import FaultSpec
 from muzero_tune.pipeline import schedule
-from muzero_tune.pipeline.actors import CollectorWorker, EvaluatorWorker
-from muzero_tune.pipeline.checkpoint import load_checkpoint
 from muzero_tune.pipeline.collector import visit_temperature
 from muzero_tune.pipeline.core import DriverCore, RunSummary, check_policy_env, setup_torch_threads
 from muzero_tune.pipeline.learner import resolve_device
@@ -40,16 +48,8 @@ from muzero_tune.pipeline.messages import (
     segments_digest,
     weights_digest,
 )
-from muzero_tune.pipeline.placement import (
-    ActorPlacement,
-    LocalRay,
-    current_placement,
-    describe_shortfall,
-    ensure_ray,
-    local_placement,
-    standalone_placement,
-)
-from muzero_tune.pipeline.reporter import Reporter
+from muzero_tune.runs.checkpoint import load_checkpoint
+from muzero_tune.runs.reporter import Reporter
 
 
 class ActorFailureError(RuntimeError):
@@ -252,7 +252,7 @@ class AsyncDriver:
             self._raise_not_started(n - len(self._starting), n)
 
     def _raise_not_started(self, started: int, total: int) -> None:
-        from muzero_tune.pipeline.placement import bundles
+        from muzero_tune.distributed.placement import bundles
 
         raise RuntimeError(
             f"only {started} of {total} actors started within "
@@ -636,7 +636,7 @@ def train_muzero_segment_async(
     the trial's group. ``fault`` injects failures into chosen actors (tests, drills). ``driver_out``, if
     given, receives the driver object (tests read its stats).
     """
-    from muzero_tune.pipeline.sync_driver import default_reporter
+    from muzero_tune.runs.reporter import default_reporter
 
     validate(cfg)
     check_policy_env(cfg)

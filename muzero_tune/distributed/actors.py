@@ -86,7 +86,7 @@ class _Worker:
             return
         import ray
 
-        from muzero_tune.pipeline.placement import LocalRef
+        from muzero_tune.distributed.placement import LocalRef
 
         weights = snapshot.ref.value if isinstance(snapshot.ref, LocalRef) else ray.get(snapshot.ref)
         dev = next(self.model.parameters()).device

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from muzero_tune.pipeline.checkpoint import FORMAT, save_checkpoint
+from muzero_tune.runs.checkpoint import FORMAT, save_checkpoint
 
 
 class Reporter(Protocol):
@@ -57,7 +57,7 @@ def json_row(metrics: dict) -> str:
 class StandaloneReporter:
     """Writes ``<run_dir>/{run.json, config.json, metrics.jsonl, ckpt/eval_NNNNNN.pt}`` and prints progress.
 
-    It claims ``run_dir`` first (:mod:`muzero_tune.pipeline.run_folder`): a new run (``resume_eval_index``
+    It claims ``run_dir`` first (:mod:`muzero_tune.runs.run_folder`): a new run (``resume_eval_index``
     None) refuses a folder that holds another run unless ``overwrite``; a resumed run continues its folder
     from evaluation ``resume_eval_index``. With ``mlflow_uri`` every evaluation is also logged to that MLflow
     store (one run per run folder, metric step = env steps).
@@ -75,7 +75,7 @@ class StandaloneReporter:
         mlflow_uri: str | None = None,
         mlflow_experiment: str = "standalone",
     ):
-        from muzero_tune.pipeline import run_folder
+        from muzero_tune.runs import run_folder
 
         self.run_dir = run_dir
         self.ckpt_dir = os.path.join(run_dir, "ckpt")
@@ -134,7 +134,7 @@ class StandaloneReporter:
 
 
 def _standalone_mlflow_run(uri: str, experiment: str, run_dir: str, run_id: str, flat_config: dict):
-    from muzero_tune.tune.mlflow_log import KIND_TAG, RUN_TAG, TrialRun, run_name, run_tags
+    from muzero_tune.runs.mlflow_log import KIND_TAG, RUN_TAG, TrialRun, run_name, run_tags
 
     artifact_root = os.path.join(os.path.dirname(os.path.abspath(run_dir)), "mlartifacts")
     folder = os.path.basename(os.path.abspath(run_dir))
@@ -172,3 +172,45 @@ class MemoryReporter:
 
     def close(self) -> None:
         pass
+
+
+def run_dir(cfg) -> str:
+    return os.path.join(cfg.logging.output_dir, cfg.exp_name)
+
+
+def default_reporter(
+    cfg,
+    *,
+    resume_from: str | dict | None = None,
+    resume_eval_index: int | None = None,
+    overwrite: bool = False,
+    folder: str | None = None,
+) -> StandaloneReporter:
+    """The standalone reporter of ``cfg``'s run folder (``folder``, default ``<output_dir>/<exp_name>``).
+
+    A new run refuses a folder holding another run unless ``overwrite``. Resuming from a checkpoint path
+    inside that folder (or giving ``resume_eval_index``) continues the folder's run from that evaluation;
+    any other resume source starts a new run in the folder.
+    """
+    from muzero_tune.config import to_flat_dict
+    from muzero_tune.runs.checkpoint import find_checkpoint
+    from muzero_tune.runs.mlflow_log import default_tracking_uri
+
+    folder = folder or run_dir(cfg)
+    if resume_eval_index is None and isinstance(resume_from, str):
+        found = find_checkpoint(resume_from)
+        if found.run_dir is not None and os.path.realpath(found.run_dir) == os.path.realpath(folder):
+            resume_eval_index = found.eval_index
+    mlflow_uri = None
+    if cfg.logging.mlflow:
+        mlflow_uri = cfg.logging.mlflow_tracking_uri or default_tracking_uri(cfg.logging.output_dir)
+    return StandaloneReporter(
+        folder,
+        flat_config=to_flat_dict(cfg),
+        progress_interval_s=cfg.logging.progress_interval_s,
+        quiet=cfg.logging.quiet,
+        resume_eval_index=resume_eval_index,
+        overwrite=overwrite,
+        mlflow_uri=mlflow_uri,
+        mlflow_experiment=cfg.logging.mlflow_experiment,
+    )
