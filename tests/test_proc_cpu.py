@@ -1,4 +1,4 @@
-"""muzero_tune.pipeline.proc_cpu: roles from command lines, and CPU seconds attributed to the process that
+"""scripts/bench/proc_cpu.py: roles from command lines, and CPU seconds attributed to the process that
 spent them (a real child process, real /proc)."""
 
 from __future__ import annotations
@@ -10,7 +10,9 @@ import time
 
 import pytest
 
-from muzero_tune.pipeline import proc_cpu
+BENCH_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "bench")
+sys.path.insert(0, BENCH_DIR)
+import proc_cpu  # noqa: E402  (benchmark code, not part of the package)
 
 pytestmark = pytest.mark.skipif(not proc_cpu.available(), reason="needs /proc")
 

@@ -20,10 +20,13 @@ import subprocess
 import sys
 import time
 
-from muzero_tune.pipeline import proc_cpu
 from muzero_tune.runs.checkpoint import load_checkpoint
 from muzero_tune.runs.mlflow_log import TRIAL_TAG, default_tracking_uri
 from muzero_tune.tune.trainable import CHECKPOINT_FILE
+
+BENCH_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "bench")
+sys.path.insert(0, BENCH_DIR)
+import proc_cpu  # noqa: E402  (benchmark code, not part of the package)
 
 HELPER = os.path.join(os.path.dirname(__file__), "tune_helpers", "sweep_proc.py")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -8,7 +8,6 @@
     evaluator.py    greedy evaluation episodes
     messages.py     the frozen dataclasses that cross process boundaries
     sync_driver.py  collect -> train -> evaluate in one process
-    proc_cpu.py     CPU seconds per process role (benchmarks)
 
 The Ray side is :mod:`muzero_tune.distributed`, run outputs :mod:`muzero_tune.runs`.
 """

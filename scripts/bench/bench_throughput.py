@@ -7,7 +7,7 @@ step: what perfect overlap of collection with learning could give.
     python scripts/bench/bench_throughput.py  # CartPole, 1 and 2 collectors, 60 s each,
                                                                 # 3 interleaved rounds: median ratio, spread
     python scripts/bench/bench_throughput.py --wall-s 120 --collectors 1 2 --set mcts.num_simulations=50
-    # Pong (issue 5)
+    # Pong
     python scripts/bench/bench_throughput.py --preset pong_muzero --set learn.batch_size=32 ...
 """
 
@@ -18,9 +18,9 @@ import os
 import sys
 
 import numpy as np
+import proc_cpu  # scripts/bench/, beside this script
 
 from muzero_tune.config import make_config, parse_set_args
-from muzero_tune.pipeline import proc_cpu
 from muzero_tune.runs.reporter import MemoryReporter
 
 
