@@ -4,7 +4,7 @@ Every exception here means "the input is wrong": its message names the input (a 
 key, a command-line option), the value, and what is allowed. The command line prints such an error as one
 line and exits with status 2; any other exception is a bug and keeps its traceback.
 
-This module must stay import-light (no torch, Ray or gymnasium): ``config.py`` and the CLI import it.
+This module must stay import-light (no torch, Ray or gymnasium): ``config/`` and the CLI import it.
 """
 
 from __future__ import annotations

@@ -1,0 +1,211 @@
+"""Dotted overrides: the one path every change of a setting takes (preset, YAML, ``--set``, a Tune
+``param_space``), type coercion, flat dicts, YAML loading, and the generated field listing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import yaml
+
+from muzero_tune.config.schema import ExperimentConfig
+from muzero_tune.errors import ConfigError, PathError, UserError
+
+# ---------------------------------------------------------------------------------------------- overrides
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _is_section(tp: Any) -> bool:
+    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
+
+
+def iter_fields(
+    cls: type = ExperimentConfig, prefix: str = ""
+) -> Iterator[tuple[str, Any, dataclasses.Field]]:
+    """Yield (dotted key, type, field) for every leaf setting, in declaration order."""
+    hints = _hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        key = f"{prefix}{f.name}"
+        if _is_section(tp):
+            yield from iter_fields(tp, key + ".")
+        else:
+            yield key, tp, f
+
+
+def leaf_keys() -> list[str]:
+    return [k for k, _, _ in iter_fields()]
+
+
+def _type_name(tp: Any) -> str:
+    if tp in (int, float, str, bool):
+        return tp.__name__
+    args = typing.get_args(tp)
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join("None" if a is type(None) else _type_name(a) for a in args)
+    if origin is tuple:
+        return f"tuple[{_type_name(args[0])}, ...]"
+    return str(tp)
+
+
+def _coerce(key: str, tp: Any, value: Any) -> Any:
+    """Convert ``value`` (possibly a string from the CLI) to type ``tp`` or raise ConfigError."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "null", "~")):
+            if type(None) in args:
+                return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(key, inner[0], value)
+    if isinstance(value, str) and tp is not str:
+        raw = value
+        value = yaml.safe_load(raw)
+        if isinstance(value, str) and tp in (int, float):
+            try:  # YAML 1.1 reads "1e-3" as a string
+                value = float(raw)
+            except ValueError:
+                pass
+    if origin is tuple:
+        (elem,) = typing.get_args(tp)[:1]
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = [value]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(key, value, f"expected a list of {_type_name(elem)}")
+        return tuple(_coerce(key, elem, v) for v in value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(key, value, "expected a bool (true/false)")
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+            raise ConfigError(key, value, "expected an integer")
+        return int(value)
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(key, value, "expected a number")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(key, value, "expected a string")
+        return value
+    raise ConfigError(key, value, f"unsupported type {tp}")
+
+
+def _unknown_key(key: str) -> ConfigError:
+    keys = leaf_keys()
+    close = difflib.get_close_matches(key, keys, n=3, cutoff=0.6)
+    hint = (
+        f"did you mean {' or '.join(repr(c) for c in close)}?" if close else "run `muzero-tune train --help`"
+    )
+    return ConfigError(key, "<unknown key>", f"no such setting; {hint}")
+
+
+def _set(cfg: Any, path: list[str], value: Any, full_key: str) -> Any:
+    hints = _hints(type(cfg))
+    names = {f.name for f in dataclasses.fields(cfg)}
+    head = path[0]
+    if head not in names:
+        raise _unknown_key(full_key)
+    tp = hints[head]
+    if len(path) == 1:
+        if _is_section(tp):
+            if not isinstance(value, Mapping):
+                raise ConfigError(full_key, value, f"is a section; set its keys, e.g. {full_key}.<key>=...")
+            out = getattr(cfg, head)
+            for k, v in value.items():
+                out = _set(out, [k], v, f"{full_key}.{k}")
+            return dataclasses.replace(cfg, **{head: out})
+        return dataclasses.replace(cfg, **{head: _coerce(full_key, tp, value)})
+    if not _is_section(tp):
+        raise _unknown_key(full_key)
+    return dataclasses.replace(cfg, **{head: _set(getattr(cfg, head), path[1:], value, full_key)})
+
+
+def apply_overrides(cfg: ExperimentConfig, overrides: Mapping[str, Any]) -> ExperimentConfig:
+    """Return ``cfg`` with each dotted key set; the one function behind presets, YAML, CLI and Tune.
+
+    Values may be typed (YAML, Tune) or strings (``--set``), which are parsed as YAML scalars.
+    Unknown keys and ill-typed values raise :class:`ConfigError`; ranges are checked by :func:`validate`.
+    """
+    for key, value in overrides.items():
+        cfg = _set(cfg, key.split("."), value, key)
+    return cfg
+
+
+def parse_set_args(items: list[str]) -> dict[str, str]:
+    """``["a.b=3", "c=x"]`` -> ``{"a.b": "3", "c": "x"}`` (CLI ``--set``)."""
+    out: dict[str, str] = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(item, item, "expected --set key=value")
+        k, v = item.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out
+
+
+def flatten(mapping: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dict (a YAML file) -> dotted keys."""
+    out: dict[str, Any] = {}
+    for k, v in mapping.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def load_yaml(path: str) -> dict[str, Any]:
+    """A YAML settings file as dotted keys; a missing file or a syntax error names the file (line, column)."""
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f) or {}
+    except OSError as e:
+        raise PathError(f"--config {path}: cannot read the YAML file ({e.strerror or e})") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else path
+        what = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise UserError(f"--config {where}: not valid YAML ({what})") from None
+    if not isinstance(data, Mapping):
+        raise ConfigError("--config", path, "a YAML file must hold a mapping of settings")
+    return flatten(data)
+
+
+def to_flat_dict(cfg: ExperimentConfig) -> dict[str, Any]:
+    """Every leaf setting by dotted key (MLflow params, checkpoints)."""
+    out: dict[str, Any] = {}
+    for key, _, _ in iter_fields():
+        obj: Any = cfg
+        for part in key.split("."):
+            obj = getattr(obj, part)
+        out[key] = list(obj) if isinstance(obj, tuple) else obj
+    return out
+
+
+def from_flat_dict(flat: Mapping[str, Any]) -> ExperimentConfig:
+    return apply_overrides(ExperimentConfig(), flat)
+
+
+def describe_fields() -> str:
+    """One line per setting: key, type, default, doc (the CLI's --help epilog)."""
+    lines = []
+    defaults = to_flat_dict(ExperimentConfig())
+    for key, tp, f in iter_fields():
+        extra = ""
+        if f.metadata.get("choices"):
+            extra = f" {{{', '.join(map(str, f.metadata['choices']))}}}"
+        lines.append(
+            f"  {key} ({_type_name(tp)}, default {defaults[key]!r}){extra}: {f.metadata.get('doc', '')}"
+        )
+    return "\n".join(lines)
