@@ -23,29 +23,7 @@ jax.config.update("jax_disable_most_optimizations", True)
 jnp = jax.numpy
 
 from muzero_tune.mcts.gumbel import GumbelMuZeroSearch  # noqa: E402
-
-NUM_STATES = 97
-
-
-class Tables:
-    """A world model as tables over ``NUM_STATES`` states: next state, reward [S, A], value [S], logits."""
-
-    def __init__(self, *, num_actions: int, seed: int, value_scale: float = 1.0):
-        g = np.random.default_rng(seed)
-        self.next_state = g.integers(0, NUM_STATES, size=(NUM_STATES, num_actions))
-        self.reward = value_scale * g.normal(size=(NUM_STATES, num_actions))
-        self.value = value_scale * g.normal(size=NUM_STATES)
-        self.logits = 1.5 * g.normal(size=(NUM_STATES, num_actions))
-
-    def ours(self, latent: torch.Tensor, actions: np.ndarray):
-        s = latent[:, 0].long().numpy()
-        ns = self.next_state[s, actions]
-        return (
-            torch.as_tensor(ns, dtype=torch.float64)[:, None],
-            self.reward[s, actions],
-            self.value[ns],
-            self.logits[ns],
-        )
+from tests.oracles.tables import NUM_STATES, Tables, legal_masks  # noqa: E402
 
 
 @functools.partial(jax.jit, static_argnames=("sims", "considered", "discount", "epsilon"))
@@ -75,16 +53,6 @@ def _mctx_policy(next_state, reward, value, logits, states, invalid, *, sims, co
         gumbel_scale=0.0,
         qtransform=functools.partial(mctx.qtransform_completed_by_mix_value, epsilon=epsilon),
     )
-
-
-def _legal(rng: np.random.Generator, batch: int, num_actions: int) -> np.ndarray:
-    legal = rng.random((batch, num_actions)) < 0.6
-    legal[np.arange(batch), rng.integers(0, num_actions, size=batch)] = True
-    legal[0] = True  # one fully legal row
-    if batch > 2:
-        legal[-1] = False
-        legal[-1, rng.integers(0, num_actions)] = True  # one row with a single legal action
-    return legal
 
 
 def _both(tables: Tables, states, legal, *, sims, considered, discount, epsilon):
@@ -136,7 +104,7 @@ def test_gumbel_search_matches_mctx(num_actions, batch, sims, considered, discou
     rng = np.random.default_rng(num_actions * 1000 + sims)
     tables = Tables(num_actions=num_actions, seed=sims + considered)
     states = rng.integers(0, NUM_STATES, size=batch)
-    legal = _legal(rng, batch, num_actions)
+    legal = legal_masks(rng, batch, num_actions)
     out, policy = _both(
         tables, states, legal, sims=sims, considered=considered, discount=discount, epsilon=epsilon
     )
@@ -156,7 +124,7 @@ def test_gumbel_search_matches_mctx(num_actions, batch, sims, considered, discou
 def test_value_scale_does_not_change_the_choice_relative_to_mctx():
     """Large returns (CartPole-like, ~100) with close Q values: mctx rescales each node's own completed Q,
     so the sigma gap between close children stays large; the improved policy must match mctx's."""
-    tables = Tables(num_actions=3, seed=5, value_scale=1.0)
+    tables = Tables(num_actions=3, seed=5, scale=1.0)
     tables.value = 100.0 + 0.5 * tables.value
     states = np.arange(4)
     legal = np.ones((4, 3), bool)

@@ -24,30 +24,7 @@ jnp = jax.numpy
 
 from muzero_tune.mcts import MuZeroSearch, select_action  # noqa: E402
 from muzero_tune.mcts.reference import reference_search  # noqa: E402
-
-NUM_STATES = 97
-
-
-class Tables:
-    """A world model as tables over ``NUM_STATES`` states: next state, reward [S, A], value [S], logits.
-    Rewards are ``offset + scale * N(0, 1)``, values ``offset / (1 - discount) + scale * N(0, 1)``."""
-
-    def __init__(self, *, num_actions: int, seed: int, scale: float, offset: float, discount: float):
-        g = np.random.default_rng(seed)
-        self.next_state = g.integers(0, NUM_STATES, size=(NUM_STATES, num_actions))
-        self.reward = offset + scale * g.normal(size=(NUM_STATES, num_actions))
-        self.value = offset / max(1.0 - discount, 1e-3) + scale * g.normal(size=NUM_STATES)
-        self.logits = 1.5 * g.normal(size=(NUM_STATES, num_actions))
-
-    def ours(self, latent: torch.Tensor, actions: np.ndarray):
-        s = latent[:, 0].long().numpy()
-        ns = self.next_state[s, actions]
-        return (
-            torch.as_tensor(ns, dtype=torch.float64)[:, None],
-            self.reward[s, actions],
-            self.value[ns],
-            self.logits[ns],
-        )
+from tests.oracles.tables import NUM_STATES, Tables, legal_masks  # noqa: E402
 
 
 @functools.partial(jax.jit, static_argnames=("sims", "discount"))
@@ -77,16 +54,6 @@ def _mctx_policy(next_state, reward, value, logits, states, invalid, *, sims, di
         dirichlet_fraction=0.0,
         temperature=1e-4,  # the most visited action (mctx samples from visits ** (1 / temperature))
     )
-
-
-def _legal(rng: np.random.Generator, batch: int, num_actions: int) -> np.ndarray:
-    legal = rng.random((batch, num_actions)) < 0.6
-    legal[np.arange(batch), rng.integers(0, num_actions, size=batch)] = True
-    legal[0] = True  # one fully legal row
-    if batch > 2:
-        legal[-1] = False
-        legal[-1, rng.integers(0, num_actions)] = True  # one row with a single legal action
-    return legal
 
 
 def _run_ours(tables: Tables, states, legal, *, sims, discount):
@@ -120,7 +87,7 @@ def test_parent_and_siblings_search_matches_mctx(num_actions, batch, sims, disco
     rng = np.random.default_rng(num_actions * 1000 + sims)
     tables = Tables(num_actions=num_actions, seed=sims, scale=scale, offset=offset, discount=discount)
     states = rng.integers(0, NUM_STATES, size=batch)
-    legal = _legal(rng, batch, num_actions)
+    legal = legal_masks(rng, batch, num_actions)
     ours, reference = _run_ours(tables, states, legal, sims=sims, discount=discount)
     policy = _mctx_policy(
         jnp.asarray(tables.next_state),

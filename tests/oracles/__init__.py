@@ -1,0 +1,1 @@
+"""Shared pieces of the tests that compare our searches with an independent implementation (mctx)."""
