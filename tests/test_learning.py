@@ -7,7 +7,9 @@
   within 30k (the mujoco extra); Pendulum-v1 >= -300 within 50k for sampled_unizero (seed 0);
 - Acrobot-v1 >= -100 within 50k env steps (``acrobot_muzero``, seeds 0-2);
 - LunarLander-v3 >= 100 within 150k env steps (``lunarlander_muzero`` / ``lunarlander_efficientzero``,
-  seed 0; the box2d extra; hours each on 2 cores).
+  seed 0; the box2d extra; hours each on 2 cores);
+- muzero_tune/CartPoleNoVel-v1 (velocities hidden) >= 195 within 50k env steps
+  (``cartpole_novel_muzero_rnn_full_obs``, seeds 0-2).
 
 A failure names the preset, the seed and the figure reached. Slow (seconds to hours per run on 2 cores):
 ``python -m pytest -q -m slow tests/test_learning.py`` (``-k acrobot`` etc. for one task).
@@ -43,6 +45,8 @@ GOALS = [
     *[("acrobot_muzero", s, 50_000, 2_400) for s in (0, 1, 2)],
     ("lunarlander_muzero", 0, 150_000, 4 * 3_600),
     ("lunarlander_efficientzero", 0, 150_000, 4 * 3_600),
+    # CartPole with its velocities hidden: history carries them
+    *[("cartpole_novel_muzero_rnn_full_obs", s, 50_000, 1_800) for s in (0, 1, 2)],
 ]
 
 EXTRAS = {  # env id prefix -> (module, the extra that installs it)
