@@ -1,5 +1,5 @@
 """The one entry point the command line and the Tune trainable call: train with the pipeline a config
-selects, and load a trained policy.
+selects, evaluate a checkpoint, and load a trained policy.
 
 What this module owns
     :func:`train` (sync or async by ``policy.async_pipeline.enabled``), :func:`evaluate` (greedy episodes

@@ -1,6 +1,6 @@
 """The experiment configuration: one frozen dataclass tree, presets as data, dotted overrides, validation.
 
-This module owns every setting the library reads. Each field carries a one-line doc (``--help`` and the
+This package owns every setting the library reads. Each field carries a one-line doc (``--help`` and the
 README are generated from it) and its allowed range. Every way of changing a setting -- a preset, a YAML
 file, ``--set key=value`` on the command line, a Tune ``param_space`` -- goes through :func:`apply_overrides`,
 and :func:`validate` runs before any environment, process or network is created. A bad value stops the run

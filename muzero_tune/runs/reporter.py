@@ -175,6 +175,7 @@ class MemoryReporter:
 
 
 def run_dir(cfg) -> str:
+    """The run folder of a config: ``<logging.output_dir>/<exp_name>``."""
     return os.path.join(cfg.logging.output_dir, cfg.exp_name)
 
 
