@@ -27,10 +27,6 @@ _IMPLEMENTED: dict[str, str] = {
 POLICY_TYPES: tuple[str, ...] = tuple(_IMPLEMENTED)
 
 
-def implemented_policy_types() -> tuple[str, ...]:
-    return tuple(_IMPLEMENTED)
-
-
 def check_policy_type(name: str) -> None:
     """Raise ConfigError for an unknown policy type."""
     if name not in POLICY_TYPES:

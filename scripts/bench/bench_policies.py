@@ -16,7 +16,7 @@ import numpy as np
 from bench_common import filled_core, interleaved_train_steps
 
 from muzero_tune.pipeline.core import DriverCore, setup_torch_threads
-from muzero_tune.policies.registry import implemented_policy_types
+from muzero_tune.policies.registry import POLICY_TYPES
 
 
 def prepared_core(policy_type: str) -> DriverCore:
@@ -27,11 +27,11 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=20, help="timed train steps per type per round")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--types", nargs="+", default=None, choices=implemented_policy_types(),
+    p.add_argument("--types", nargs="+", default=None, choices=POLICY_TYPES,
                    help="the policy types to measure (default: all); muzero is always measured")  # fmt: skip
     args = p.parse_args(argv)
     setup_torch_threads()
-    types = implemented_policy_types() if args.types is None else ("muzero", *args.types)
+    types = POLICY_TYPES if args.types is None else ("muzero", *args.types)
     cores = {t: prepared_core(t) for t in dict.fromkeys(types)}
     times = interleaved_train_steps(cores, rounds=args.rounds, steps=args.steps)
     base = float(np.median(times["muzero"]))
