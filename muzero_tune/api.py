@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from muzero_tune.config import ExperimentConfig
 from muzero_tune.pipeline.core import RunSummary
+from muzero_tune.pipeline.sync_driver import train_muzero_segment
 from muzero_tune.runs.checkpoint import load_policy
 from muzero_tune.runs.reporter import Reporter
 
@@ -27,8 +28,6 @@ def train(
         from muzero_tune.distributed.async_driver import train_muzero_segment_async  # starts Ray: lazy
 
         return train_muzero_segment_async(cfg, reporter=reporter, resume_from=resume_from)
-    from muzero_tune.pipeline.sync_driver import train_muzero_segment
-
     return train_muzero_segment(cfg, reporter=reporter, resume_from=resume_from)
 
 
