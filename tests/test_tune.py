@@ -328,7 +328,7 @@ def test_compare_writes_three_plots_and_logs_them_to_a_compare_run(async_sweep, 
     assert sorted(arts) == names and all(size > 1000 for size in arts.values())
 
 
-# ------------------------------------------------------------------------------------- dashboard (issue 15)
+# ------------------------------------------------------------------------------------------------ dashboard
 
 
 def _trial_runs(client, sweep):
@@ -527,7 +527,7 @@ def test_placement_that_cannot_fit_the_cluster_is_a_config_error(ray_cluster, tm
     _no_trial_started(tmp_path)
 
 
-# ---------------------------------------------------------------------------------------------- issue 10
+# ------------------------------------------------------------------------------------- reported metrics
 
 
 def test_reports_carry_timesteps_total_and_training_episode_returns(async_sweep):

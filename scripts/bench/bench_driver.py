@@ -10,7 +10,7 @@ how many collectors help. This script measures, in one run:
    over the positions that need a value, run at the start of its step: ``targets.Bootstrap``) and its
    forward/backward. Printed per env step. With the learner's work negligible (a GPU learner) the driver
    absorbs at most 1 / (its phases per env step); one learner consumes 1 / (the whole train step's time per
-   env step). The issue's goal: a ratio of at least 20. The ratio with the bootstrap counted in the driver
+   env step). The goal: a ratio of at least 20. The ratio with the bootstrap counted in the driver
    (where it ran before) is printed too.
 2. **Collectors on simulated nodes** (a ``ray.cluster_utils.Cluster``: a head and ``--nodes`` worker nodes
    with logical CPUs, all on this machine): the real async driver, its learner's forward/backward replaced

@@ -6,7 +6,7 @@ What this script owns
     ``recurrent_fn``, and the numba compile time cold vs loaded from the on-disk cache. With LightZero's
     compiled tree installed (``pip install --no-deps LightZero==0.2.0``; nothing else of it is imported),
     the ``reference`` section times its search, C++ tree plus its collect path's Python glue, beside
-    ``run()`` in interleaved rounds on the same zero-cost network outputs: the issue's "3x below the
+    ``run()`` in interleaved rounds on the same zero-cost network outputs: the goal "3x below the
     reference" as a ratio measured on one machine.
 
 What it must never do
