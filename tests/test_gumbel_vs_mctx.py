@@ -23,6 +23,7 @@ jax.config.update("jax_disable_most_optimizations", True)
 jnp = jax.numpy
 
 from muzero_tune.mcts.gumbel import GumbelMuZeroSearch  # noqa: E402
+from tests.oracles.mctx_model import mctx_model  # noqa: E402
 from tests.oracles.tables import NUM_STATES, Tables, legal_masks  # noqa: E402
 
 
@@ -30,18 +31,7 @@ from tests.oracles.tables import NUM_STATES, Tables, legal_masks  # noqa: E402
 def _mctx_policy(next_state, reward, value, logits, states, invalid, *, sims, considered, discount, epsilon):
     """mctx's Gumbel MuZero search over the tables: one XLA program per case, not one per op."""
 
-    def recurrent_fn(params, rng_key, action, embedding):
-        del params, rng_key
-        ns = next_state[embedding, action]
-        out = mctx.RecurrentFnOutput(
-            reward=reward[embedding, action],
-            discount=jnp.full(ns.shape, discount),
-            prior_logits=logits[ns],
-            value=value[ns],
-        )
-        return out, ns
-
-    root = mctx.RootFnOutput(prior_logits=logits[states], value=value[states], embedding=states)
+    root, recurrent_fn = mctx_model(next_state, reward, value, logits, states, discount=discount)
     return mctx.gumbel_muzero_policy(
         params=(),
         rng_key=jax.random.PRNGKey(0),
