@@ -48,7 +48,14 @@ def run_seed(
     rep = _EchoReporter() if reporter is None else reporter
     summary = train_muzero_segment(cfg, reporter=rep)
     target = cfg.stop_value if cfg.stop_value is not None else 195.0
-    solved = next((e for e in rep.evals if e["reward_mean"] >= target), None)
+    return seed_row(seed, rep.evals, target, summary.stop_reason)
+
+
+def seed_row(seed: int, evals: list[dict], target: float, stop_reason: str) -> dict:
+    """One seed's result from its evaluation rows: solved or not, env steps / wall seconds / train iterations
+    at the first evaluation at or above ``target``, the best return and the curve [(env steps, wall s,
+    return)]."""
+    solved = next((e for e in evals if e["reward_mean"] >= target), None)
     return {
         "seed": seed,
         "target": target,
@@ -56,9 +63,9 @@ def run_seed(
         "env_steps_to_target": solved["envstep"] if solved else None,
         "wall_s_to_target": round(solved["wall_s"], 1) if solved else None,
         "train_iter_to_target": solved["train_iter"] if solved else None,
-        "best_reward_mean": max((e["reward_mean"] for e in rep.evals), default=None),
-        "stop_reason": summary.stop_reason,
-        "curve": [(e["envstep"], round(e["wall_s"], 1), e["reward_mean"]) for e in rep.evals],
+        "best_reward_mean": max((e["reward_mean"] for e in evals), default=None),
+        "stop_reason": stop_reason,
+        "curve": [(e["envstep"], round(e["wall_s"], 1), e["reward_mean"]) for e in evals],
     }
 
 

@@ -31,9 +31,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from learning_curve import run_seed  # noqa: E402  (the one run function, shared with learning_curve.py)
+from learning_curve import run_seed, seed_row  # noqa: E402  (shared with learning_curve.py)
 
-from muzero_tune.config import make_config, parse_set_args  # noqa: E402
+from muzero_tune.config import make_config, parse_set_args, to_flat_dict  # noqa: E402
 from muzero_tune.runs.reporter import MemoryReporter  # noqa: E402
 
 RESULTS_DIR = "results"
@@ -55,6 +55,73 @@ class EvalPrinter(MemoryReporter):
               flush=True)
 
 
+class CellDone(Exception):
+    """Raised from an evaluation once every rule a cell compares has reached its target: the run ends."""
+
+
+class AlsoEvalPrinter(EvalPrinter):
+    """Evaluates every evaluated snapshot a second time under other ``eval.*`` / ``mcts.*`` settings.
+
+    The second evaluator is built once, like the run's own (same seed, same episodes), so both rules play the
+    same sequence of starting states; the global RNGs are restored around it and its seconds are taken off
+    the run's clock, so training, its curve and its wall seconds are those of a run without it. The run
+    trains on past its own target until the second rule reaches it too (``CellDone``) or the budget ends.
+    """
+
+    def __init__(self, label: str, run_cfg, also: dict, target: float):
+        super().__init__(label)
+        self.run_cfg, self.also, self.target = run_cfg, also, target
+        self.also_evals: list[dict] = []
+        self.also_s = 0.0
+        self._alt = None  # (policy, model, evaluator), built at the first evaluation
+
+    def on_eval(self, metrics, evaluated, resume_state) -> None:
+        metrics = {**metrics, "wall_s": metrics["wall_s"] - self.also_s}
+        super().on_eval(metrics, evaluated, resume_state)
+        t0 = time.monotonic()
+        reward = self._evaluate(evaluated)
+        self.also_s += time.monotonic() - t0
+        self.also_evals.append({**metrics, "reward_mean": reward})
+        print(f"[learning_report] {self.label}: under {_label(self.also)}: eval reward_mean {reward:.1f}",
+              flush=True)
+        if all(any(e["reward_mean"] >= self.target for e in rows) for rows in (self.evals, self.also_evals)):
+            raise CellDone
+
+    def _evaluate(self, evaluated: dict) -> float:
+        import random
+
+        import numpy as np
+        import torch
+
+        from muzero_tune.pipeline.core import EVAL_SEED_OFFSET
+        from muzero_tune.pipeline.evaluator import Evaluator
+        from muzero_tune.runs.checkpoint import policy_from_checkpoint
+
+        states = random.getstate(), np.random.get_state(), torch.get_rng_state()
+        try:
+            if self._alt is None:
+                ckpt = {"config": to_flat_dict(self.run_cfg), "evaluated": evaluated}
+                cfg, policy, model = policy_from_checkpoint(ckpt, overrides=self.also)
+                evaluator = Evaluator(cfg, policy, policy.spec, seed=cfg.seed + EVAL_SEED_OFFSET)
+                self._alt = policy, model, evaluator
+            policy, model, evaluator = self._alt
+            model.load_state_dict(evaluated["weights"])
+            policy.on_weights_loaded(model)
+            return evaluator.evaluate(model, policy_version=evaluated["version"]).reward_mean
+        finally:
+            random.setstate(states[0])
+            np.random.set_state(states[1])
+            torch.set_rng_state(states[2])
+
+    def close(self) -> None:
+        if self._alt is not None:
+            self._alt[2].close()
+
+
+def _label(also: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in sorted(also.items()))
+
+
 # ---------------------------------------------------------------------------------------------- cells
 
 
@@ -70,13 +137,35 @@ def _write_json_atomic(path: str, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def run_cell(preset: str, seed: int, overrides: dict, output_dir: str) -> dict:
-    """Train one (preset, seed) cell; its stored record is run_seed's row plus the task and budgets."""
+def run_cell(preset: str, seed: int, overrides: dict, output_dir: str, also: dict | None = None) -> dict:
+    """Train one (preset, seed) cell; its stored record is run_seed's row plus the task and budgets.
+
+    ``also``: eval.* / mcts.* settings every evaluated snapshot is evaluated under as well; the record's
+    ``also_eval`` then holds that rule's row (its env steps to the target on the same training run)."""
     cfg = make_config(preset, overrides={"seed": seed, **overrides})
     load_before = os.getloadavg()
     t0 = time.monotonic()
-    row = run_seed(seed, overrides, os.path.join(output_dir, "runs"), preset,
-                   reporter=EvalPrinter(f"{preset} seed {seed}"))
+    label = f"{preset} seed {seed}"
+    if also:
+        target = cfg.stop_value if cfg.stop_value is not None else 195.0
+        run_cfg = make_config(preset, overrides={
+            "seed": seed, "exp_name": f"learning_report_{preset}_seed{seed}",
+            "logging.output_dir": os.path.join(output_dir, "runs"), "logging.quiet": True,
+            **overrides, "stop_value": None,
+        })
+        rep = AlsoEvalPrinter(label, run_cfg, also, target)
+        from muzero_tune.pipeline.sync_driver import train_muzero_segment
+
+        try:
+            stop_reason = train_muzero_segment(run_cfg, reporter=rep).stop_reason
+        except CellDone:
+            stop_reason = "stop_value"
+        row = seed_row(seed, rep.evals, target, stop_reason)
+        also_row = seed_row(seed, rep.also_evals, target, stop_reason)
+        row["also_eval"] = {"settings": {k: str(v) for k, v in also.items()},
+                            **{k: v for k, v in also_row.items() if k not in ("seed", "stop_reason")}}
+    else:
+        row = run_seed(seed, overrides, os.path.join(output_dir, "runs"), preset, reporter=EvalPrinter(label))
     curve = row["curve"]
     return {
         **row,
@@ -103,8 +192,6 @@ def import_run(run_dir: str, preset: str, overrides: dict) -> dict:
 
     Raises SystemExit naming the first key that differs, so a run of another config is never filed under
     the preset."""
-    from muzero_tune.config import to_flat_dict
-
     with open(os.path.join(run_dir, "config.json")) as f:
         ran = json.load(f)
     seed = int(ran["seed"])
@@ -122,15 +209,10 @@ def import_run(run_dir: str, preset: str, overrides: dict) -> dict:
             if row.get("reward_mean") is not None and row.get("eval_episodes"):
                 evals.append(row)
     target = want["stop_value"] if want["stop_value"] is not None else 195.0
-    solved = next((e for e in evals if e["reward_mean"] >= target), None)
-    curve = [(e["envstep"], round(e["wall_s"], 1), e["reward_mean"]) for e in evals]
+    row = seed_row(seed, evals, target, "imported")
+    curve = row["curve"]
     return {
-        "seed": seed, "target": target, "solved": solved is not None,
-        "env_steps_to_target": solved["envstep"] if solved else None,
-        "wall_s_to_target": round(solved["wall_s"], 1) if solved else None,
-        "train_iter_to_target": solved["train_iter"] if solved else None,
-        "best_reward_mean": max((e["reward_mean"] for e in evals), default=None),
-        "stop_reason": "imported", "curve": curve, "preset": preset, "env_id": want["env.env_id"],
+        **row, "preset": preset, "env_id": want["env.env_id"],
         "policy_type": want["policy.type"], "overrides": {k: str(v) for k, v in overrides.items()},
         "max_env_step": want["max_env_step"], "max_wall_s": want["max_wall_s"],
         "final_return": curve[-1][2] if curve else None, "final_env_steps": curve[-1][0] if curve else None,
@@ -233,6 +315,38 @@ def markdown_table(summaries: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def also_eval_table(rows: list[dict]) -> str:
+    """Where cells were also evaluated under other settings: per preset, env steps to the target under the
+    run's own evaluation settings and under the other ones, on the same training runs ("" if none were)."""
+    rows = [r for r in rows if r.get("also_eval")]
+    if not rows:
+        return ""
+    lines = [
+        "Each evaluated snapshot evaluated under both settings (the same training runs); env steps to the "
+        "target, median / worst (solved):\n",
+        "| preset | run's settings | env steps | other settings | env steps |",
+        "|---|---|---|---|---|",
+    ]
+    by_preset: dict[str, list[dict]] = {}
+    for r in rows:
+        by_preset.setdefault(r["preset"], []).append(r)
+    for preset, rs in by_preset.items():
+        own = {k: v for k, v in rs[0]["overrides"].items() if k.startswith(("eval.", "mcts."))}
+        other = rs[0]["also_eval"]["settings"]
+        lines.append(f"| {preset} | {_label(own) or 'preset'} | {_steps_summary(rs)} | {_label(other)} | "
+                     f"{_steps_summary([{**r, **r['also_eval']} for r in rs])} |")
+    return "\n".join(lines) + "\n"
+
+
+def _steps_summary(rs: list[dict]) -> str:
+    """"median / worst (n/N)" env steps to the target; an unsolved seed counts as above the budget."""
+    ok = [r["env_steps_to_target"] for r in rs if within_budget(r)]
+    budget = max(r["max_env_step"] for r in rs)
+    med = _median_with_unsolved(ok, len(rs))
+    worst = _fmt(max(ok)) if len(ok) == len(rs) else f"> {budget:,}"
+    return f"{_fmt(med) if med is not None else f'> {budget:,}'} / {worst} ({len(ok)}/{len(rs)})"
+
+
 def seed_lines(rows: list[dict]) -> str:
     """One line per cell: what each seed reached (the table's inputs, for the README and for failures)."""
     out = []
@@ -244,6 +358,11 @@ def seed_lines(rows: list[dict]) -> str:
         if r["solved"] and not within_budget(r):
             got = f"not solved within the budget (reached only at {got})"
         load = r.get("loadavg_1min_before_after")
+        also = r.get("also_eval")
+        if also:
+            also_got = (f"{also['env_steps_to_target']:,} env steps" if also["solved"]
+                        else f"not solved (best {_fmt(also['best_reward_mean'], 1)})")
+            got += f"; under {_label(also['settings'])}: {also_got}"
         out.append(
             f"- {r['preset']} seed {r['seed']}: {got}; final return {_fmt(r['final_return'], 1)} at "
             f"{_fmt(r['final_env_steps'])} env steps"
@@ -317,6 +436,9 @@ def build_report(output_dir: str) -> tuple[str, list[str]]:
         f"# Learning report ({time.strftime('%Y-%m-%d', time.gmtime())})\n\n"
         + markdown_table(summarize(rows)) + "\n" + seed_lines(rows)
     )
+    also = also_eval_table(rows)
+    if also:
+        md += "\n" + also
     with open(os.path.join(output_dir, "report.md"), "w") as f:
         f.write(md)
     return md, write_plots(rows, output_dir)
@@ -335,6 +457,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-env-steps", type=int, default=None,
                    help="env-step budget per cell (default: each preset's max_env_step)")
     p.add_argument("--max-wall-s", type=float, default=None, help="wall budget per cell (default: none)")
+    p.add_argument("--also-eval", action="append", default=[], metavar="KEY=VALUE",
+                   help="eval.* / mcts.* settings to evaluate every snapshot under as well (the same "
+                        "training runs; each cell then trains until both settings reach its target)")
     p.add_argument("--table-only", action="store_true", help="only rebuild report.md and the PNGs")
     p.add_argument("--rerun", action="store_true", help="train cells again even if a result is stored")
     p.add_argument("--import-run", metavar="RUN_DIR", default=None,
@@ -343,6 +468,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     overrides = parse_set_args(args.overrides)
+    also = parse_set_args(args.also_eval)
+    for key in also:
+        if key.split(".")[0] not in ("eval", "mcts"):
+            raise SystemExit(f"--also-eval {key}: only eval.* and mcts.* settings can be evaluated beside")
     if args.max_env_steps is not None:
         overrides["max_env_step"] = args.max_env_steps
     if args.max_wall_s is not None:
@@ -355,7 +484,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[learning_report] imported {args.import_run}: {seed_lines([rec]).strip()}", flush=True)
     elif not args.table_only:
         for preset in args.presets:  # every config is checked before the first cell trains
-            make_config(preset, overrides={"seed": args.seeds[0], **overrides})
+            make_config(preset, overrides={"seed": args.seeds[0], **overrides, **also})
         for preset in args.presets:
             for seed in args.seeds:
                 path = cell_path(args.output_dir, preset, seed)
@@ -364,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 print(f"[learning_report] {preset} seed {seed}: training (load {os.getloadavg()[0]:.2f})",
                       flush=True)
-                rec = run_cell(preset, seed, overrides, args.output_dir)
+                rec = run_cell(preset, seed, overrides, args.output_dir, also)
                 _write_json_atomic(path, rec)
                 print(f"[learning_report] {seed_lines([rec]).strip()}", flush=True)
     md, pngs = build_report(args.output_dir)
