@@ -331,9 +331,9 @@ def also_eval_table(rows: list[dict]) -> str:
     for r in rows:
         by_preset.setdefault(r["preset"], []).append(r)
     for preset, rs in by_preset.items():
-        own = {k: v for k, v in rs[0]["overrides"].items() if k.startswith(("eval.", "mcts."))}
         other = rs[0]["also_eval"]["settings"]
-        lines.append(f"| {preset} | {_label(own) or 'preset'} | {_steps_summary(rs)} | {_label(other)} | "
+        own = {k: rs[0]["overrides"].get(k, "(preset)") for k in other}  # the compared keys, as run
+        lines.append(f"| {preset} | {_label(own)} | {_steps_summary(rs)} | {_label(other)} | "
                      f"{_steps_summary([{**r, **r['also_eval']} for r in rs])} |")
     return "\n".join(lines) + "\n"
 

@@ -96,6 +96,40 @@ def test_a_tiny_real_cell_is_stored_then_skipped(report, tmp_path, capsys):
     assert os.path.exists(os.path.join(out, "CartPole-v1.png"))
 
 
+TINY = ["model.hidden_dim=32", "model.latent_dim=16", "mcts.num_simulations=4", "learn.batch_size=32",
+        "env.collector_env_num=4", "env.evaluator_env_num=2", "eval.n_episodes=2", "eval.eval_freq=10",
+        "replay.game_segment_length=20", "eval.unvisited_q=min"]
+
+
+def _cell(report, out, *extra):
+    args = ["--presets", "cartpole_muzero", "--seeds", "3", "--output-dir", out, "--max-env-steps", "400"]
+    for s in TINY:
+        args += ["--set", s]
+    assert report.main([*args, *extra]) == 0
+    return json.load(open(report.cell_path(out, "cartpole_muzero", 3)))
+
+
+def test_also_eval_compares_rules_on_the_same_training_run(report, tmp_path, capsys):
+    """Evaluating every snapshot a second time changes neither training nor the run's own curve; a cell
+    ends once both rules reach the target."""
+    unreached = ["--set", "stop_value=500"]
+    alone = _cell(report, str(tmp_path / "alone"), *unreached)
+    both = _cell(report, str(tmp_path / "both"), *unreached, "--also-eval", "eval.unvisited_q=parent")
+    assert not alone["solved"] and len(alone["curve"]) >= 2
+    assert [(c[0], c[2]) for c in both["curve"]] == [(c[0], c[2]) for c in alone["curve"]]
+    also = both["also_eval"]
+    assert also["settings"] == {"eval.unvisited_q": "parent"} and not also["solved"]
+    assert [c[0] for c in also["curve"]] == [c[0] for c in both["curve"]]
+    assert ("| cartpole_muzero | eval.unvisited_q=min | > 400 / > 400 (0/1) | eval.unvisited_q=parent | "
+            "> 400 / > 400 (0/1) |") in capsys.readouterr().out
+    done = _cell(report, str(tmp_path / "done"), "--set", "stop_value=1",
+                 "--also-eval", "eval.unvisited_q=parent")
+    assert done["solved"] and done["also_eval"]["solved"] and done["stop_reason"] == "stop_value"
+    assert len(done["curve"]) == 1  # both reached at the first evaluation: the cell ended there
+    with pytest.raises(SystemExit, match="--also-eval learn.lr"):
+        report.main(["--output-dir", str(tmp_path / "x"), "--also-eval", "learn.lr=0.1"])
+
+
 def test_import_run_files_a_cli_run_only_under_its_own_config(report, trained_run, tmp_path):
     from conftest import CLI_SMALL
 

@@ -104,8 +104,8 @@ def test_search_matches_reference_with_value_prefix_rewards_and_horizon_resets()
     policy, model = tiny_policy(**{"mcts.num_simulations": sims, "policy.lstm_horizon_len": horizon})
     obs = np.random.default_rng(0).normal(size=(3, 4)).astype(np.float32)
     legal = np.array([[True, True], [True, True], [False, True]])
-    out, _ = policy._search_roots(model, obs, legal, add_noise=True, deterministic=True,
-                                  rng=np.random.default_rng(5))
+    out, _ = policy.search_observations(model, obs, legal, add_noise=True, deterministic=True,
+                                          rng=np.random.default_rng(5))
 
     with torch.no_grad():
         root = model.initial_inference(torch.as_tensor(obs))
@@ -124,7 +124,7 @@ def test_search_matches_reference_with_value_prefix_rewards_and_horizon_resets()
     np.testing.assert_allclose(out.root_value, ref.root_value, rtol=1e-5, atol=1e-6)
 
     # every node's reward in the real tree is the reference's prefix difference (or prefix after a reset)
-    tree_reward = policy._search.tree.reward[:3, 1 : sims + 1]  # node s + 1 was expanded at simulation s
+    tree_reward = policy.search.tree.reward[:3, 1 : sims + 1]  # node s + 1 was expanded at simulation s
     ref_reward = np.array([[ref_ez.nodes[i]["reward"] for i in row] for row in ref_ez.created]).T
     np.testing.assert_allclose(tree_reward, ref_reward, rtol=0, atol=1e-6)
     nodes = ref_ez.nodes[3:]
@@ -141,7 +141,7 @@ def test_search_matches_reference_with_value_prefix_rewards_and_horizon_resets()
 
 def test_recurrent_fn_resets_lstm_and_prefix_at_the_horizon():
     policy, model = tiny_policy(**{"policy.lstm_horizon_len": 3})
-    fn = policy._recurrent_fn(model)
+    fn = policy.recurrent_fn(model)
     g = torch.Generator().manual_seed(1)
     latent, h, c = (torch.rand(2, n, generator=g) for n in (8, 8, 8))
     depth = torch.tensor([3.0, 4.0])  # row 0 is a reset node (3 % 3 == 0), row 1 is not

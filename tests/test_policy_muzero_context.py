@@ -44,12 +44,12 @@ def _policy(**overrides):
 
 
 class RootSpy:
-    """Wraps ``policy._search.run``: records the root latent and logits each search was given."""
+    """Wraps ``policy.search.run``: records the root latent and logits each search was given."""
 
     def __init__(self, policy):
         self.roots: list[torch.Tensor] = []
         self.logits: list[np.ndarray] = []
-        self.search = policy._search
+        self.search = policy.search
         run = self.search.run
 
         def spy(**kw):
@@ -117,7 +117,7 @@ def test_search_expanding_children_never_changes_the_carried_latent():
         before = None if state.latent is None else state.latent.clone()
         out = _act(policy, model, _obs(rng, 2), state, [0, 1], rng=rng, explore=True)
         # the search expanded children whose latents differ from the root
-        children = policy._search._store.buf[1:9, :2]
+        children = policy.search.node_latents[1:9, :2]
         assert children.shape[0] == 8
         assert all(not torch.allclose(children[s], spy.roots[-1], atol=1e-4) for s in range(8))
         # the new state holds the root the search was given; the old state object is untouched
@@ -179,7 +179,7 @@ def test_search_from_a_carried_root_matches_the_reference_search():
     m = policy.cfg.mcts
     ref = reference_search(
         root_latent=spy.roots[-1], root_policy_logits=model.predict(spy.roots[-1])[1].numpy(),
-        legal_mask=np.ones((3, 2), bool), recurrent_fn=policy._recurrent_fn(model),
+        legal_mask=np.ones((3, 2), bool), recurrent_fn=policy.recurrent_fn(model),
         num_simulations=m.num_simulations, add_noise=False, deterministic=True, rng=np.random.default_rng(0),
         root_value=logits_to_scalar_np(
             model.predict(spy.roots[-1])[0].numpy(), support_size=model.value_support_size

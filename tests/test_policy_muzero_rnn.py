@@ -51,17 +51,17 @@ def _policy(**overrides):
 
 
 class RootSpy:
-    """Wraps ``policy._search.run``: records the (packed) root each search was given."""
+    """Wraps ``policy.search.run``: records the (packed) root each search was given."""
 
     def __init__(self, policy):
         self.roots: list[torch.Tensor] = []
-        run = policy._search.run
+        run = policy.search.run
 
         def spy(**kw):
             self.roots.append(kw["root_latent"].clone())
             return run(**kw)
 
-        policy._search.run = spy
+        policy.search.run = spy
 
 
 def _obs(rng, n):
@@ -326,7 +326,7 @@ def test_learner_root_history_equals_what_the_collector_searched_with():
     h = policy.root_history(model, batch)
     np.testing.assert_allclose(h.detach().numpy(), stored, rtol=1e-5, atol=1e-5)
     # bootstrap observations too (td 2: b = i + 2 inside the stored data for these samples)
-    boot = policy._bootstrap_histories(sample, model)
+    boot = policy.bootstrap_histories(sample, model)
     want = [s.stats["history"][b] for s, t in zip(sample.segments, sample.positions)
             for b in range(t + 2, t + 5) if b < s.num_stored]
     assert len(boot) == len(want)

@@ -261,7 +261,7 @@ def test_root_is_the_uncached_window_and_new_weights_mid_episode_are_used_at_onc
             p.add_(0.2 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
     model.load_state_dict(new.state_dict())  # a snapshot arrives mid-episode
     policy.on_weights_loaded(model)
-    roots, _ = policy.root_inference(model.eval(), torch.as_tensor(obs[5]), state, np.arange(2))
+    roots = policy.root_inference(model.eval(), torch.as_tensor(obs[5]), state, np.arange(2))
     fresh = _reference_root(policy, copy.deepcopy(new), obs[:6], taken)
     torch.testing.assert_close(roots.policy_logits, fresh.policy_logits, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(roots.value_logits, fresh.value_logits, atol=1e-5, rtol=1e-5)
@@ -285,13 +285,13 @@ def test_bootstrap_values_and_reanalyze_roots_are_the_acting_roots_with_continuo
                              stream_id="p:0", action_shape=(1,), action_dtype="float32")  # fmt: skip
     env = gym.make("Pendulum-v1")
     builder.reset(np.asarray(env.reset(seed=0)[0], np.float32))
-    searched, search = [], policy._search_from
+    searched, search = [], policy.run_search
 
     def spy(model, roots_, legal_mask, **kw):
         searched.append(roots_)
         return search(model, roots_, legal_mask, **kw)
 
-    policy._search_from = spy
+    policy.run_search = spy
     state, values, segments = policy.initial_act_state(1), [], []
     for step in range(length + 1):
         act = _act(policy, model, builder.current_frames().astype(np.float32), state)
@@ -324,7 +324,7 @@ def test_bootstrap_values_and_reanalyze_roots_are_the_acting_roots_with_continuo
                         reanalyze_fn=policy.reanalyze_fn(model, np.random.default_rng(0)),
                         context_steps=policy.context_steps,
                         rows=buf.step_rows(buf.base_idx + np.arange(3)))  # fmt: skip
-    policy._search_from = search
+    policy.run_search = search
     at = [s.episode_step0 + int(t) for s, t in zip(buf.segments, starts)]
     for name in ("policy_logits", "value_logits"):
         want = torch.cat([getattr(acting_roots[i], name) for i in at])

@@ -242,7 +242,7 @@ def test_budget_hook_clear_interval_and_episode_start():
     assert [bool(v.any()) for v in seen] == [False, True, True, False, True, True, False, True]
     policy.on_train_budget_done(model, target)
     assert (model.cache_epoch, target.cache_epoch) == (epochs[0] + 1, epochs[1] + 1)
-    assert policy._nodes.tokens is None  # the search's node store is dropped too
+    assert policy.node_contexts.tokens is None  # the search's node store is dropped too
     state = policy.reset_act_state(state, 1)
     assert state.step[1] == 0 and state.hist_len[1] == 0 and state.ctx.length[1] == 0
 
@@ -284,13 +284,13 @@ def _play(policy, model, lengths: list[int], *, segment_length: int = 4):
                              frame_stack=1, stream_id="c:0")  # fmt: skip
     env = gym.make("CartPole-v1")
     roots, searched, segments = {}, [], []
-    search = policy._search_from
+    search = policy.run_search
 
     def spy(model, roots_, legal_mask, **kw):
         searched.append(roots_)
         return search(model, roots_, legal_mask, **kw)
 
-    policy._search_from = spy
+    policy.run_search = spy
     state = policy.initial_act_state(1)
     for ep, length in enumerate(lengths):
         frame, _ = env.reset(seed=ep)
@@ -308,7 +308,7 @@ def _play(policy, model, lengths: list[int], *, segment_length: int = 4):
             segments += builder.step(action=int(act.actions[0]), reward=float(reward),
                                      next_frame=np.asarray(frame), stats=stats, terminated=False,
                                      truncated=step + 1 == length)  # fmt: skip
-    policy._search_from = search
+    policy.run_search = search
     return segments, roots, searched
 
 
@@ -403,13 +403,13 @@ def test_reanalyze_roots_are_the_acting_roots():
     reanalyze (through the buffer's rows) -- are the roots acting searched from at those positions."""
     policy, model, buf, roots = _context_setup()
     searched = []
-    search = policy._search_from
+    search = policy.run_search
 
     def spy(model, roots_, legal_mask, **kw):
         searched.append(roots_)
         return search(model, roots_, legal_mask, **kw)
 
-    policy._search_from = spy
+    policy.run_search = spy
     k1 = policy.cfg.replay.num_unroll_steps + 1
     idx = np.arange(len(buf.segments))
     starts = np.array([min(2, s.num_real - 1) for s in buf.segments])
@@ -438,7 +438,7 @@ def test_reanalyze_roots_are_the_acting_roots():
         has_past = np.array([s.episode_step0 + int(q) > 0 for s, q in where])
         diff = (alone.policy_logits - want_p).abs().amax(1).numpy()
         assert diff[has_past].min() > 1e-4
-    policy._search_from = search
+    policy.run_search = search
 
 
 # ------------------------------------------------------------------------------- async constraints
@@ -461,15 +461,15 @@ def test_actor_caches_are_void_after_a_new_snapshot():
     new = _perturbed(worker.model, 3)
     w2 = {k: v.numpy().copy() for k, v in new.state_dict().items()}
     worker._load(WeightsSnapshot(2, LocalRef(w2), ""))
-    assert worker.policy._nodes.tokens is None
+    assert worker.policy.node_contexts.tokens is None
     obs = np.stack([b.current_frames()[-1] for b in worker.worker.builders]).astype(np.float32)
     idx = np.arange(len(obs))
     with torch.no_grad():
-        got, _ = worker.policy.root_inference(worker.model.eval(), torch.as_tensor(obs), state, idx)
+        got = worker.policy.root_inference(worker.model.eval(), torch.as_tensor(obs), state, idx)
         fresh = copy.deepcopy(new).eval()
         fresh_policy, _ = make_policy(cfg)
         fresh_policy.use_cache = False
-        want, _ = fresh_policy.root_inference(
+        want = fresh_policy.root_inference(
             fresh, torch.as_tensor(obs), dataclasses_replace_ctx(state), idx
         )
     torch.testing.assert_close(got.value_logits, want.value_logits, atol=1e-5, rtol=0)

@@ -482,7 +482,7 @@ def test_check_policy_env_refuses_both_directions(monkeypatch):
     from muzero_tune.policies import registry
 
     # stand in for a continuous-only policy type (none is registered yet)
-    monkeypatch.setitem(registry._IMPLEMENTED, "sampled_muzero", f"{__name__}:RandomUnitPolicy")
+    monkeypatch.setitem(registry.POLICY_CLASSES, "sampled_muzero", f"{__name__}:RandomUnitPolicy")
     cfg = make_config("cartpole_muzero", overrides={"policy.type": "sampled_muzero"})
     fits = "this env has discrete actions; policy types for discrete actions: muzero, efficientzero"
     with pytest.raises(ConfigError, match=fits):

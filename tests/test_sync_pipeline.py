@@ -241,7 +241,7 @@ def test_continuous_sync_run_trains_and_checkpoints_unit_actions(tmp_path, monke
     """Pendulum through the whole sync pipeline with a continuous test policy standing in for a sampled
     type: the learner gets [B, K, D] float32 actions, the checkpoint (with its replay buffer) holds [M, D]
     float32 actions in [-1, 1], and its evaluated snapshot re-evaluates to the reported reward."""
-    monkeypatch.setitem(registry._IMPLEMENTED, "sampled_muzero", f"{__name__}:UnitActionPolicy")
+    monkeypatch.setitem(registry.POLICY_CLASSES, "sampled_muzero", f"{__name__}:UnitActionPolicy")
     cfg = make_config(
         "cartpole_muzero",
         overrides={
@@ -270,7 +270,7 @@ def test_continuous_async_local_mode_carries_unit_actions(tmp_path, monkeypatch)
     boundary with [M, D] float32 segments and the learner trains on [B, K, D] batches."""
     from muzero_tune.distributed.async_driver import train_muzero_segment_async
 
-    monkeypatch.setitem(registry._IMPLEMENTED, "sampled_muzero", f"{__name__}:UnitActionPolicy")
+    monkeypatch.setitem(registry.POLICY_CLASSES, "sampled_muzero", f"{__name__}:UnitActionPolicy")
     monkeypatch.setattr(UnitActionPolicy, "seen_batch_actions", [])
     cfg = make_config(
         "cartpole_muzero",

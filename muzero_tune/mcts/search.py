@@ -346,6 +346,12 @@ class TreeSearch(Search):
         """The reusable tree storage (contents are only meaningful right after :meth:`run`)."""
         return self._tree
 
+    @property
+    def node_latents(self) -> torch.Tensor | None:
+        """The latent of every expanded node of the last :meth:`run`, [N, B, *latent_shape] (node 0: the
+        roots; node s + 1: the one simulation s expanded; rows past the run's sizes are stale)."""
+        return self._store.buf
+
     def run(
         self,
         *,

@@ -7,6 +7,21 @@ policy object serves the learner, collectors, evaluators and reanalyze alike.
 
 The collector, buffer, learner and drivers call only this interface and never branch on a policy name.
 
+Acting. :meth:`Policy.act` is one skeleton for every type, a search from roots:
+
+1. :meth:`Policy.root_inference`: the roots of the B acting rows (:class:`SearchRoots`: the search state,
+   policy and value logits of each root), from their observations and the type's acting state;
+2. :meth:`Policy.run_search`: the search from those roots (``mcts.SearchOutput``) and the network's
+   decoded root values;
+3. :meth:`Policy.choose_edges` (visit-count sampling, or the search's own choice) and
+   :meth:`Policy.edge_actions` (root edges to env actions);
+4. :meth:`Policy.step_stats` (what a step stores) and :meth:`Policy.advance_act_state` (the acting state
+   after the step).
+
+A type overrides the hooks it changes; a type whose acting is not a search from roots may override
+``act`` itself. :meth:`Policy.search_observations` runs steps 1-2 from observations alone (a fresh acting
+state); ``reanalyze`` uses it.
+
 Context. A policy whose roots depend on the steps before them (a transformer world model acting over a window
 of past observations and actions) declares how many past steps it wants, :attr:`Policy.context_steps` H;
 its targets then get, with each bootstrap and reanalyze position, the H steps before it
@@ -31,19 +46,22 @@ other env before anything starts (the drivers and the CLI call it through
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import torch
 
 from muzero_tune.errors import ConfigError
+from muzero_tune.mcts import select_action
 
 if TYPE_CHECKING:
-    import torch
-
     from muzero_tune.config import ExperimentConfig
     from muzero_tune.envs.spec import EnvSpec
+    from muzero_tune.mcts import SearchOutput
     from muzero_tune.replay.buffer import SampledIndices
     from muzero_tune.replay.targets import ReanalyzeFn, TrainBatch
 
@@ -57,6 +75,17 @@ class ActOutput:
     root_value: np.ndarray  # [B] float32, searched value of the root
     predicted_value: np.ndarray  # [B] float32, the network's value of the root
     state: Any = None  # the policy's per-env acting state after this step (recurrent / context types)
+
+
+@dataclass(frozen=True, eq=False)
+class SearchRoots:
+    """B roots as the network sees them: where one search starts (:meth:`Policy.root_inference`)."""
+
+    latent: torch.Tensor  # [B, *state_shape]: each root's search state (a latent, or a type's packed state)
+    policy_logits: torch.Tensor  # [B, P]
+    value_logits: torch.Tensor  # [B, 2*Sv + 1] on the value support
+    step_stats: dict[str, np.ndarray] = field(default_factory=dict)  # extra per-step stats, each [B, ...]
+    context: Any = None  # a type's own root data that its run_search / advance_act_state read
 
 
 @dataclass(frozen=True)
@@ -93,7 +122,6 @@ class Policy(ABC):
     def build_model(self) -> torch.nn.Module:
         """A freshly initialised network for this policy and environment."""
 
-    @abstractmethod
     def act(
         self,
         model: torch.nn.Module,
@@ -106,12 +134,103 @@ class Policy(ABC):
         state: Any = None,
         env_index: np.ndarray | None = None,
     ) -> ActOutput:
-        """Search from each observation and pick actions (explore: root noise + sampling).
+        """Search from each observation and pick actions (explore: root noise + sampling at ``temperature``;
+        otherwise the most visited edge, greedy evaluation).
 
         ``state`` is this policy's acting state for all of its caller's envs (from
         :meth:`initial_act_state`); ``env_index`` [B] says which env each batch row is. Stateless policies
-        ignore both and return ``state=None``.
+        ignore both and return ``state=None``. The steps are the module docstring's.
         """
+        state, env_index = self.acting_rows(len(obs), state, env_index)
+        deterministic = (not explore) and self.cfg.mcts.deterministic_eval
+        with eval_mode(model):
+            obs_t = torch.as_tensor(obs, device=model_device(model))
+            roots = self.root_inference(model, obs_t, state, env_index)
+            out, predicted = self.run_search(
+                model, roots, legal_mask, add_noise=explore, deterministic=deterministic, rng=rng
+            )
+        edges = self.choose_edges(out, explore=explore, temperature=temperature, rng=rng)
+        actions = self.edge_actions(out, edges)
+        return ActOutput(
+            actions=actions,
+            step_stats={**self.step_stats(out, legal_mask), **roots.step_stats},
+            root_value=out.root_value,
+            predicted_value=predicted,
+            state=self.advance_act_state(state, env_index, np.asarray(obs), actions, roots),
+        )
+
+    def search_observations(
+        self, model: torch.nn.Module, obs: np.ndarray, legal_mask: np.ndarray, *, add_noise: bool,
+        deterministic: bool, rng: np.random.Generator,
+    ) -> tuple[SearchOutput, np.ndarray]:  # fmt: skip
+        """The search from observations ``obs`` [N, *obs_shape] alone (a fresh acting state: every row at
+        its episode start) -> (SearchOutput, decoded network root values [N] float32)."""
+        state, env_index = self.acting_rows(len(obs), None, None)
+        with eval_mode(model):
+            obs_t = torch.as_tensor(obs, device=model_device(model))
+            roots = self.root_inference(model, obs_t, state, env_index)
+            return self.run_search(
+                model, roots, legal_mask, add_noise=add_noise, deterministic=deterministic, rng=rng
+            )
+
+    # ---------------------------------------------------------------- the acting hooks
+
+    def root_inference(
+        self, model: torch.nn.Module, obs: torch.Tensor, state: Any, env_index: np.ndarray
+    ) -> SearchRoots:
+        """The roots of the rows ``env_index`` [B] (int64) at observations ``obs`` [B, *obs_shape], with
+        the acting ``state`` of all envs. Called in :func:`eval_mode`."""
+        raise NotImplementedError(f"{type(self).__name__} implements root_inference or overrides act")
+
+    def run_search(
+        self, model: torch.nn.Module, roots: SearchRoots, legal_mask: np.ndarray, *, add_noise: bool,
+        deterministic: bool, rng: np.random.Generator,
+    ) -> tuple[SearchOutput, np.ndarray]:  # fmt: skip
+        """The search from ``roots`` (B of them) with legal actions ``legal_mask`` [B, A] -> (SearchOutput:
+        visit counts [B, E] over the root edges, searched root values [B], extras; the network's decoded
+        root values [B] float32). ``add_noise``: root noise (collection, reanalyze); ``deterministic``:
+        ties broken by index. Called in :func:`eval_mode`."""
+        raise NotImplementedError(f"{type(self).__name__} implements run_search or overrides act")
+
+    def choose_edges(
+        self, out: SearchOutput, *, explore: bool, temperature: float, rng: np.random.Generator
+    ) -> np.ndarray:
+        """The root edge each row takes, [B] int64: exploring, sampled from the visit counts at
+        ``temperature``; otherwise the most visited."""
+        return select_action(
+            out.visit_counts, temperature=temperature if explore else 0.0, rng=rng, deterministic=not explore
+        )
+
+    def edge_actions(self, out: SearchOutput, edges: np.ndarray) -> np.ndarray:
+        """The env actions of the chosen root edges ``edges`` [B]: [B] int64 where the edges are the
+        actions; a sampled type maps each edge to its sampled action ([B, D] float32 or [B] int64)."""
+        return edges.astype(np.int64)
+
+    def step_stats(self, out: SearchOutput, legal_mask: np.ndarray) -> dict[str, np.ndarray]:
+        """What a step stores in its segment (:meth:`step_stat_names`), each [B, ...]; the roots'
+        ``SearchRoots.step_stats`` are added to it."""
+        return {
+            "child_visits": out.visit_distribution.astype(np.float32),
+            "root_value": out.root_value.astype(np.float32),
+            "legal_mask": np.asarray(legal_mask, dtype=bool),
+        }
+
+    def advance_act_state(
+        self, state: Any, env_index: np.ndarray, obs: np.ndarray, actions: np.ndarray, roots: SearchRoots
+    ) -> Any:
+        """The acting state after the rows ``env_index`` [B] searched from ``roots`` at ``obs`` [B, ...]
+        and took ``actions`` [B, ...]; stateless types return ``state`` (None)."""
+        return state
+
+    def acting_rows(self, batch: int, state: Any, env_index: np.ndarray | None) -> tuple[Any, np.ndarray]:
+        """(state, env_index [B] int64) for ``act``: a caller without acting state gets a fresh one in
+        which every row starts an episode."""
+        if state is None:
+            state, env_index = self.initial_act_state(batch), None
+        env_index = np.arange(batch) if env_index is None else np.asarray(env_index, dtype=np.int64)
+        if env_index.shape != (batch,):
+            raise ValueError(f"env_index must have shape ({batch},), got {env_index.shape}")
+        return state, env_index
 
     def initial_act_state(self, num_envs: int) -> Any:
         """Per-env acting state carried across steps (e.g. a recurrent history); None when stateless."""
@@ -178,6 +297,29 @@ class Policy(ABC):
         self, model: torch.nn.Module, target_model: torch.nn.Module
     ) -> None:
         """Run by the driver after each completed train budget (one collect's worth of train steps)."""
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    """The device of a model's parameters."""
+    return next(model.parameters()).device
+
+
+@contextlib.contextmanager
+def eval_mode(model: torch.nn.Module) -> Iterator[None]:
+    """``model.eval()`` and no autograd inside; the previous train/eval mode restored after.
+
+    The mode is switched only when the model is training: ``Module.train`` walks every submodule, which
+    costs about as much as a small network call (the target model, always in eval, is called every step).
+    """
+    was_training = model.training
+    if was_training:
+        model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        if was_training:
+            model.train(True)
 
 
 def check_action_kind(

@@ -30,6 +30,7 @@ import torch
 
 from muzero_tune.models.efficientzero_net import LstmState, build_efficientzero_network
 from muzero_tune.models.support import logits_to_scalar_np
+from muzero_tune.policies.base import SearchRoots, model_device
 from muzero_tune.policies.muzero import MuZeroPolicy
 from muzero_tune.replay.targets import TrainBatch
 
@@ -120,8 +121,8 @@ class EfficientZeroPolicy(MuZeroPolicy):
 
     # ---------------------------------------------------------------- search
 
-    def _recurrent_fn(self, model: torch.nn.Module):
-        dev = self._device(model)
+    def recurrent_fn(self, model: torch.nn.Module):
+        dev = model_device(model)
         shape, hidden, horizon = tuple(model.latent_shape), model.lstm_hidden_size, self.horizon
 
         def fn(packed: torch.Tensor, actions: np.ndarray):
@@ -146,21 +147,13 @@ class EfficientZeroPolicy(MuZeroPolicy):
 
         return fn
 
-    @torch.no_grad()
-    def _search_roots(self, model, obs, legal_mask, *, add_noise, deterministic, rng):
-        was_training = model.training
-        model.eval()
-        dev = self._device(model)
-        root = model.initial_inference(torch.as_tensor(obs, device=dev))
+    def root_inference(self, model, obs, state, env_index) -> SearchRoots:
+        """Each root's packed search state: its latent, a zero LSTM state, depth 0 and reward prefix 0."""
+        root = model.initial_inference(obs)
         b = root.latent.shape[0]
         zeros = torch.zeros(b, dtype=root.latent.dtype, device=root.latent.device)
         packed = pack_search_state(root.latent, model.initial_lstm_state(b, like=root.latent), zeros, zeros)
-        out = self._run_search(
-            model, packed, root.policy_logits, root.value_logits, legal_mask,
-            add_noise=add_noise, deterministic=deterministic, rng=rng,
-        )  # fmt: skip
-        model.train(was_training)
-        return out
+        return SearchRoots(packed, root.policy_logits, root.value_logits)
 
     # ---------------------------------------------------------------- targets
 

@@ -20,11 +20,9 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-import torch
 
 from muzero_tune.mcts.gumbel import GumbelMuZeroSearch
 from muzero_tune.models import logits_to_scalar
-from muzero_tune.policies.base import ActOutput
 from muzero_tune.policies.muzero import MuZeroPolicy
 from muzero_tune.replay.targets import TrainBatch, make_batch
 
@@ -36,11 +34,10 @@ class GumbelMuZeroPolicy(MuZeroPolicy):
 
     name = "gumbel_muzero"
 
-    def __init__(self, cfg, spec):
-        super().__init__(cfg, spec)
-        m, pc = cfg.mcts, cfg.policy
-        self._search = GumbelMuZeroSearch(
-            num_actions=spec.num_actions,
+    def make_search(self):
+        m, pc = self.cfg.mcts, self.cfg.policy
+        return GumbelMuZeroSearch(
+            num_actions=self.spec.num_actions,
             num_simulations=m.num_simulations,
             max_num_considered_actions=pc.max_num_considered_actions,
             gumbel_scale=pc.gumbel_scale,
@@ -55,55 +52,34 @@ class GumbelMuZeroPolicy(MuZeroPolicy):
 
     # ---------------------------------------------------------------- search and acting
 
-    @torch.no_grad()
-    def _search_roots(self, model, obs, legal_mask, *, add_noise, deterministic, rng):
-        was_training = model.training
-        model.eval()
-        dev = self._device(model)
-        root = model.initial_inference(torch.as_tensor(obs, device=dev))
-        predicted = logits_to_scalar(root.value_logits.float(), support_size=model.value_support_size)
+    def run_search(self, model, roots, legal_mask, *, add_noise, deterministic, rng):
+        """Sequential halving from ``roots``; ties are always broken by index (the Gumbel noise, drawn when
+        ``add_noise``, is the search's only randomness)."""
+        predicted = logits_to_scalar(roots.value_logits.float(), support_size=model.value_support_size)
         predicted = predicted.cpu().numpy().astype(np.float32)
-        out = self._search.run(
-            root_latent=root.latent,
-            root_policy_logits=root.policy_logits.float().cpu().numpy(),
+        out = self.search.run(
+            root_latent=roots.latent,
+            root_policy_logits=roots.policy_logits.float().cpu().numpy(),
             legal_mask=np.asarray(legal_mask, dtype=bool),
-            recurrent_fn=self._recurrent_fn(model),
+            recurrent_fn=self.recurrent_fn(model),
             add_noise=add_noise,
-            deterministic=deterministic,
+            deterministic=True,
             rng=rng,
             root_value=predicted,
         )
-        model.train(was_training)
         return out, predicted
 
-    def act(
-        self, model, obs, legal_mask, *, explore, temperature, rng, state=None, env_index=None
-    ) -> ActOutput:
-        out, predicted = self._search_roots(
-            model, obs, legal_mask, add_noise=explore, deterministic=True, rng=rng
-        )
-        stats = {
-            "child_visits": out.visit_distribution.astype(np.float32),
-            "root_value": out.root_value.astype(np.float32),
-            "legal_mask": np.asarray(legal_mask, dtype=bool),
-            IMPROVED_POLICY: out.extras[IMPROVED_POLICY].astype(np.float32),
-        }
-        return ActOutput(
-            actions=out.extras["selected_action"].astype(np.int64),
-            step_stats=stats,
-            root_value=out.root_value,
-            predicted_value=predicted,
-        )
+    def choose_edges(self, out, *, explore, temperature, rng) -> np.ndarray:
+        """The action sequential halving selected (exploring or not)."""
+        return out.extras["selected_action"].astype(np.int64)
 
-    def reanalyze(self, target_model, obs, legal_mask, rng) -> dict[str, np.ndarray]:
+    def step_stats(self, out, legal_mask) -> dict[str, np.ndarray]:
+        improved = out.extras[IMPROVED_POLICY].astype(np.float32)
+        return {**super().step_stats(out, legal_mask), IMPROVED_POLICY: improved}
+
+    def reanalyze_stats(self, out) -> dict[str, np.ndarray]:
         """Fresh improved policies (the policy target of this type) and visit distributions, searched with
         the Gumbel noise; both are written back into the segments' stats."""
-        return self._reanalyze_search(target_model, obs, legal_mask, rng)
-
-    def _reanalyze_search(self, target_model, obs, legal_mask, rng) -> dict[str, np.ndarray]:
-        out, _ = self._search_roots(
-            target_model, obs, legal_mask, add_noise=True, deterministic=True, rng=rng
-        )
         return {
             "child_visits": out.visit_distribution.astype(np.float32),
             IMPROVED_POLICY: out.extras[IMPROVED_POLICY].astype(np.float32),

@@ -10,41 +10,22 @@ the gradient flowing back through each dynamics step is halved (MuZero paper, Ap
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from muzero_tune.mcts import MuZeroSearch, select_action
+from muzero_tune.mcts import MuZeroSearch, SearchOutput
 from muzero_tune.models import build_network, logits_to_scalar, logits_to_scalar_np, two_hot_cross_entropy
 from muzero_tune.models.traced import initial_value_logits, recurrent_outputs
-from muzero_tune.policies.base import ActOutput, LossOutput, Policy
+from muzero_tune.policies.base import LossOutput, Policy, SearchRoots, eval_mode, model_device
 from muzero_tune.replay.targets import TrainBatch, make_batch, off_policy_td_steps
 
 
 def scale_gradient(x: torch.Tensor, scale: float) -> torch.Tensor:
     """Identity forward; gradient multiplied by ``scale`` backward."""
     return x * scale + x.detach() * (1.0 - scale)
-
-
-@contextlib.contextmanager
-def eval_mode(model: torch.nn.Module) -> Iterator[None]:
-    """``model.eval()`` and no autograd inside; the previous train/eval mode restored after.
-
-    The mode is switched only when the model is training: ``Module.train`` walks every submodule, which
-    costs about as much as a small network call (the target model, always in eval, is called every step).
-    """
-    was_training = model.training
-    if was_training:
-        model.eval()
-    try:
-        with torch.no_grad():
-            yield
-    finally:
-        if was_training:
-            model.train(True)
 
 
 def soft_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -79,10 +60,10 @@ class MuZeroPolicy(Policy):
 
     def __init__(self, cfg, spec):
         super().__init__(cfg, spec)
-        self._search = self._make_search()
+        self.search = self.make_search()  # the type's MCTS, built once and reused by every search call
 
-    def _search_knobs(self) -> dict:
-        """The pUCT search settings every MuZero-style search takes."""
+    def search_knobs(self) -> dict:
+        """The pUCT search settings every MuZero-style search takes (keyword arguments of its search)."""
         m = self.cfg.mcts
         return dict(
             num_actions=self.spec.num_actions,
@@ -97,12 +78,13 @@ class MuZeroPolicy(Policy):
             q_transform=m.q_transform,
         )
 
-    def _make_search(self):
-        return MuZeroSearch(**self._search_knobs())
+    def make_search(self):
+        """This type's search object (an ``mcts`` search class); kept as :attr:`search`."""
+        return MuZeroSearch(**self.search_knobs())
 
-    def _search_fns(self, model: torch.nn.Module) -> dict:
-        """The network functions the search calls (keyword arguments of ``Search.run``)."""
-        return {"recurrent_fn": self._recurrent_fn(model)}
+    def search_fns(self, model: torch.nn.Module) -> dict:
+        """The network functions the search calls (keyword arguments of ``search.run``)."""
+        return {"recurrent_fn": self.recurrent_fn(model)}
 
     # ---------------------------------------------------------------- model
 
@@ -127,12 +109,10 @@ class MuZeroPolicy(Policy):
             **common, num_channels=mc.num_channels, num_res_blocks=mc.num_res_blocks, downsample=mc.downsample
         )
 
-    @staticmethod
-    def _device(model: torch.nn.Module) -> torch.device:
-        return next(model.parameters()).device
-
-    def _recurrent_fn(self, model: torch.nn.Module):
-        dev = self._device(model)
+    def recurrent_fn(self, model: torch.nn.Module):
+        """The search's model step: ``fn(latent [B, *state_shape], actions [B] int64)`` -> (next latent
+        [B, *state_shape], rewards [B] float32, values [B] float32, policy logits [B, A] float32)."""
+        dev = model_device(model)
 
         def fn(latent: torch.Tensor, actions: np.ndarray):
             # one traced call where the network allows it (models/traced.py: ~0.55x the eager call at B=8)
@@ -147,82 +127,36 @@ class MuZeroPolicy(Policy):
 
         return fn
 
-    def _search_roots(self, model, obs, legal_mask, *, add_noise, deterministic, rng):
-        with eval_mode(model):
-            dev = self._device(model)
-            root = model.initial_inference(torch.as_tensor(obs, device=dev))
-            return self._run_search(
-                model, root.latent, root.policy_logits, root.value_logits, legal_mask,
-                add_noise=add_noise, deterministic=deterministic, rng=rng,
-            )  # fmt: skip
+    def root_inference(self, model, obs, state, env_index) -> SearchRoots:
+        """The representation of each observation and its prediction."""
+        root = model.initial_inference(obs)
+        return SearchRoots(root.latent, root.policy_logits, root.value_logits)
 
-    def _run_search(self, model, root_latent, policy_logits, value_logits, legal_mask, *, add_noise,
-                    deterministic, rng):  # fmt: skip
-        """The search from roots given as the network sees them: ``root_latent`` [B, ...] (the search state),
-        ``policy_logits`` [B, P] and ``value_logits`` [B, 2Sv+1] -> (SearchOutput, decoded root values [B]
-        float32). The root value is the root's counted first visit; the network functions are
-        :meth:`_search_fns`. A search with root noise (collect, reanalyze) scores unvisited children by
-        ``mcts.unvisited_q``, one without (evaluation) by ``eval.unvisited_q``."""
-        predicted = logits_to_scalar(value_logits.float(), support_size=model.value_support_size)
-        out = self._search.run(
-            root_latent=root_latent,
-            root_policy_logits=policy_logits.float().cpu().numpy(),
+    def run_search(self, model, roots: SearchRoots, legal_mask, *, add_noise, deterministic, rng):
+        """The pUCT search (:attr:`search`) from ``roots`` with :meth:`search_fns`. The root value is the
+        root's counted first visit. A search with root noise (collect, reanalyze) scores unvisited children
+        by ``mcts.unvisited_q``, one without (evaluation) by ``eval.unvisited_q``."""
+        predicted = logits_to_scalar(roots.value_logits.float(), support_size=model.value_support_size)
+        out = self.search.run(
+            root_latent=roots.latent,
+            root_policy_logits=roots.policy_logits.float().cpu().numpy(),
             legal_mask=np.asarray(legal_mask, dtype=bool),
             add_noise=add_noise,
             deterministic=deterministic,
             rng=rng,
             root_value=predicted.cpu().numpy(),
             unvisited_q=self.cfg.mcts.unvisited_q if add_noise else self.cfg.eval.unvisited_q,
-            **self._search_fns(model),
+            **self.search_fns(model),
         )
         return out, predicted.cpu().numpy().astype(np.float32)
 
-    def act(
-        self, model, obs, legal_mask, *, explore, temperature, rng, state=None, env_index=None
-    ) -> ActOutput:
-        deterministic = (not explore) and self.cfg.mcts.deterministic_eval
-        out, predicted = self._search_roots(
-            model, obs, legal_mask, add_noise=explore, deterministic=deterministic, rng=rng
-        )
-        edges = select_action(
-            out.visit_counts, temperature=temperature if explore else 0.0, rng=rng, deterministic=not explore
-        )  # [B] root edges: actions, or the sampled slots of a sampled search
-        return ActOutput(
-            actions=self._edge_actions(out, edges),
-            step_stats=self._step_stats(out, legal_mask),
-            root_value=out.root_value,
-            predicted_value=predicted,
-        )
-
-    def _acting_rows(self, batch: int, state, env_index) -> tuple:
-        """(state, env_index [B] int64) for a stateful type's ``act``: a caller without acting state gets a
-        fresh one in which every row starts an episode."""
-        if state is None:
-            state, env_index = self.initial_act_state(batch), None
-        env_index = np.arange(batch) if env_index is None else np.asarray(env_index, dtype=np.int64)
-        if env_index.shape != (batch,):
-            raise ValueError(f"env_index must have shape ({batch},), got {env_index.shape}")
-        return state, env_index
-
-    def _edge_actions(self, out, edges: np.ndarray) -> np.ndarray:
-        """The env actions of the chosen root edges [B] (here the edges are the actions)."""
-        return edges.astype(np.int64)
-
-    def _step_stats(self, out, legal_mask) -> dict[str, np.ndarray]:
-        """What a step stores in its segment (``step_stat_names``), each [B, ...]."""
-        return {
-            "child_visits": out.visit_distribution.astype(np.float32),
-            "root_value": out.root_value.astype(np.float32),
-            "legal_mask": np.asarray(legal_mask, dtype=bool),
-        }
-
     def reanalyze(self, target_model, obs, legal_mask, rng) -> np.ndarray | dict[str, np.ndarray]:
-        out, _ = self._search_roots(
+        out, _ = self.search_observations(
             target_model, obs, legal_mask, add_noise=True, deterministic=False, rng=rng
         )
-        return self._reanalyze_stats(out)
+        return self.reanalyze_stats(out)
 
-    def _reanalyze_stats(self, out) -> np.ndarray | dict[str, np.ndarray]:
+    def reanalyze_stats(self, out: SearchOutput) -> np.ndarray | dict[str, np.ndarray]:
         """What a reanalyze search ``out`` writes back (:meth:`Policy.reanalyze`): here the visit
         distributions [N, A]; a type that stores more per search (e.g. its sampled actions) returns a dict."""
         return out.visit_distribution.astype(np.float32)
@@ -230,7 +164,7 @@ class MuZeroPolicy(Policy):
     # ---------------------------------------------------------------- targets
 
     def value_fn(self, model: torch.nn.Module, *, chunk: int = 2048):
-        dev = self._device(model)
+        dev = model_device(model)
 
         def fn(obs: np.ndarray) -> np.ndarray:
             vals = []
@@ -341,7 +275,7 @@ class MuZeroPolicy(Policy):
         :class:`~muzero_tune.pipeline.ssl_offload.SslOffload`), or None to encode ``o_{t+k}`` here.
         """
         lc = self.cfg.learn
-        dev = self._device(model)
+        dev = model_device(model)
 
         def t(x, dtype=torch.float32):
             return torch.as_tensor(x, device=dev, dtype=dtype)

@@ -34,9 +34,8 @@ import warnings
 import numpy as np
 import torch
 
-from muzero_tune.mcts import SearchOutput, select_action
-from muzero_tune.policies.base import ActOutput
-from muzero_tune.policies.muzero import MuZeroPolicy, eval_mode
+from muzero_tune.policies.base import SearchRoots
+from muzero_tune.policies.muzero import MuZeroPolicy
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -84,9 +83,9 @@ class CarriedActState:
 class CarriedStatePolicy(MuZeroPolicy):
     """MuZero whose search root is built from a per-env state carried across steps.
 
-    Subclasses implement :meth:`_root` (the root state of each row from its observation and the carried
-    state); this class runs the unchanged MuZero search from it, picks the actions, and returns the
-    advanced :class:`CarriedActState` (the root each env searched from, the action it took).
+    Subclasses implement :meth:`carried_root` (the root state of each row from its observation and the
+    carried state); MuZero's search runs from it unchanged, and the acting state advances to the root each
+    env searched from and the action it took (:class:`CarriedActState`).
     """
 
     @property
@@ -99,47 +98,21 @@ class CarriedStatePolicy(MuZeroPolicy):
     def reset_act_state(self, state: CarriedActState, env_index: int) -> CarriedActState:
         return state.reset(env_index)
 
-    def _root(
+    def carried_root(
         self, model: torch.nn.Module, obs: torch.Tensor, state: CarriedActState, env_index: np.ndarray
     ) -> tuple[torch.Tensor, dict[str, np.ndarray]]:
-        """Root states [B, *latent_shape] and extra per-step stats [B, ...] (under eval mode, no grad)."""
+        """Root states [B, *state_shape] of the rows ``env_index`` [B] at ``obs`` [B, *obs_shape] from the
+        carried ``state``, and extra per-step stats [B, ...] (under eval mode, no grad)."""
         raise NotImplementedError
 
-    def _search_from(
-        self, model, root_latent: torch.Tensor, legal_mask, *, add_noise: bool, deterministic: bool, rng
-    ) -> tuple[SearchOutput, np.ndarray]:
-        """Prediction at ``root_latent``, then the MuZero search from it (call under :func:`eval_mode`)."""
-        value_logits, policy_logits = model.predict(root_latent)
-        return self._run_search(
-            model, root_latent, policy_logits, value_logits, legal_mask,
-            add_noise=add_noise, deterministic=deterministic, rng=rng,
-        )  # fmt: skip
+    def root_inference(self, model, obs, state, env_index) -> SearchRoots:
+        """The carried root states (:meth:`carried_root`) and their prediction."""
+        root, extra = self.carried_root(model, obs, state, env_index)
+        value_logits, policy_logits = model.predict(root)
+        return SearchRoots(root, policy_logits, value_logits, step_stats=extra)
 
-    def act(
-        self, model, obs, legal_mask, *, explore, temperature, rng, state=None, env_index=None
-    ) -> ActOutput:
-        state, env_index = self._acting_rows(len(obs), state, env_index)
-        deterministic = (not explore) and self.cfg.mcts.deterministic_eval
-        with eval_mode(model):
-            obs_t = torch.as_tensor(obs, device=self._device(model))
-            root, extra = self._root(model, obs_t, state, env_index)
-            out, predicted = self._search_from(
-                model, root, legal_mask, add_noise=explore, deterministic=deterministic, rng=rng
-            )
-        actions = self._edge_actions(out, select_action(
-            out.visit_counts, temperature=temperature if explore else 0.0, rng=rng, deterministic=not explore
-        ))  # fmt: skip
-        stats = {
-            **self._step_stats(out, legal_mask),
-            **extra,
-        }
-        return ActOutput(
-            actions=actions,
-            step_stats=stats,
-            root_value=out.root_value,
-            predicted_value=predicted,
-            state=state.advanced(env_index, root, actions),
-        )
+    def advance_act_state(self, state, env_index, obs, actions, roots) -> CarriedActState:
+        return state.advanced(env_index, roots.latent, actions)
 
 
 def _rows(mask: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -161,7 +134,7 @@ class MuZeroContextPolicy(CarriedStatePolicy):
                 stacklevel=2,
             )
 
-    def _root(self, model, obs, state, env_index):
+    def carried_root(self, model, obs, state, env_index):
         encode = state.step[env_index] % self.context_length == 0  # [B]: episode start or context boundary
         if state.latent is None or encode.all():
             return model.represent(obs), {}

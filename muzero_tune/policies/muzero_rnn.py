@@ -39,7 +39,8 @@ import torch
 from muzero_tune.envs.spec import stack_frames
 from muzero_tune.models import logits_to_scalar
 from muzero_tune.models.rnn_net import RNNMuZeroNet
-from muzero_tune.policies.muzero_context import CarriedStatePolicy, eval_mode
+from muzero_tune.policies.base import SearchRoots, eval_mode, model_device
+from muzero_tune.policies.muzero_context import CarriedStatePolicy
 from muzero_tune.replay.targets import TrainBatch, make_batch, reanalyze_positions
 
 CONTEXT_STEP = "context_step"  # step stat [] int64: position in the history window (0: h was reset)
@@ -129,7 +130,7 @@ class MuZeroRNNFullObsPolicy(CarriedStatePolicy):
     def step_stat_names(self) -> tuple[str, ...]:
         return (*super().step_stat_names(), CONTEXT_STEP, HISTORY)
 
-    def _root(self, model, obs, state, env_index):
+    def carried_root(self, model, obs, state, env_index):
         context_step = state.step[env_index] % self.context_length  # [B]
         z = model.represent_z(obs)
         h = model.zero_history(len(obs), like=z)
@@ -147,12 +148,14 @@ class MuZeroRNNFullObsPolicy(CarriedStatePolicy):
     def reanalyze(self, target_model, obs, legal_mask, rng, history: np.ndarray | None = None) -> np.ndarray:
         """Visit distributions from roots (represent(obs), ``history`` [N, H]; None: empty histories)."""
         with eval_mode(target_model):
-            dev = self._device(target_model)
+            dev = model_device(target_model)
             h = None if history is None else torch.as_tensor(history, device=dev, dtype=torch.float32)
             root = target_model.represent(torch.as_tensor(obs, device=dev), h)
-            out, _ = self._search_from(
-                target_model, root, legal_mask, add_noise=True, deterministic=False, rng=rng
-            )
+            value_logits, policy_logits = target_model.predict(root)
+            out, _ = self.run_search(
+                target_model, SearchRoots(root, policy_logits, value_logits), legal_mask,
+                add_noise=True, deterministic=False, rng=rng,
+            )  # fmt: skip
         return out.visit_distribution.astype(np.float32)
 
     # ---------------------------------------------------------------- targets
@@ -161,7 +164,7 @@ class MuZeroRNNFullObsPolicy(CarriedStatePolicy):
         """``obs [n, ...] -> value [n]`` at the states (represent(obs), the next n rows of ``history``
         [N, H]): the N bootstrap positions in order, in one call or consecutive pieces (``ValueFn``), from
         the first again once all N are read."""
-        dev = self._device(model)
+        dev = model_device(model)
         start = [0]  # the history row of the next call's first observation
 
         def fn(obs: np.ndarray) -> np.ndarray:
@@ -221,11 +224,11 @@ class MuZeroRNNFullObsPolicy(CarriedStatePolicy):
     def _replay(self, model: RNNMuZeroNet, grid: HistoryGrid) -> np.ndarray:
         """``replay_histories`` of a grid with ``model`` in eval mode, no grad -> [B, T, H] numpy."""
         with eval_mode(model):
-            h0 = torch.as_tensor(grid.history0, device=self._device(model))
+            h0 = torch.as_tensor(grid.history0, device=model_device(model))
             hs = replay_histories(model, h0, grid.obs, grid.actions, grid.reset, grid.length)
         return hs.float().cpu().numpy()
 
-    def _bootstrap_histories(self, sample, target_model: RNNMuZeroNet) -> np.ndarray:
+    def bootstrap_histories(self, sample, target_model: RNNMuZeroNet) -> np.ndarray:
         """The replayed history at every bootstrap observation, in the order make_batch asks value_fn.
 
         Unroll index i = t + k (k = 0..K) bootstraps from observation b = i + min(td, M - i) (td: the
@@ -266,7 +269,7 @@ class MuZeroRNNFullObsPolicy(CarriedStatePolicy):
             td_steps=self.td_steps_of(sample),
             discount=self.cfg.mcts.discount,
             num_actions=self.spec.num_actions,
-            value_fn=self.history_value_fn(target_model, self._bootstrap_histories(sample, target_model)),
+            value_fn=self.history_value_fn(target_model, self.bootstrap_histories(sample, target_model)),
             rng=rng,
             all_obs=self.cfg.learn.ssl_loss_weight > 0,
             defer_bootstrap=defer_bootstrap,
@@ -300,7 +303,7 @@ class MuZeroRNNFullObsPolicy(CarriedStatePolicy):
     def root_history(self, model: RNNMuZeroNet, batch: TrainBatch) -> torch.Tensor:
         """The root history h_t [B, H] of each sample, replayed by ``model`` over its window (with grad)."""
         ex = batch.extras
-        h0 = torch.as_tensor(ex[HISTORY0], device=self._device(model))
+        h0 = torch.as_tensor(ex[HISTORY0], device=model_device(model))
         hs = replay_histories(model, h0, ex[BURN_OBS], ex[BURN_ACTIONS], ex[BURN_RESET], ex[BURN_LEN])
         last = torch.as_tensor(ex[BURN_LEN] - 1, device=hs.device)
         return hs[torch.arange(hs.shape[0], device=hs.device), last]

@@ -11,8 +11,9 @@ import importlib
 
 from muzero_tune.errors import ConfigError
 
-# name -> "module:Class": the one list of policy type names
-_IMPLEMENTED: dict[str, str] = {
+# name -> "module:Class": the one list of policy type names (a test may substitute a class for a name with
+# ``monkeypatch.setitem(POLICY_CLASSES, name, "module:Class")``)
+POLICY_CLASSES: dict[str, str] = {
     "muzero": "muzero_tune.policies.muzero:MuZeroPolicy",
     "efficientzero": "muzero_tune.policies.efficientzero:EfficientZeroPolicy",
     "stochastic_muzero": "muzero_tune.policies.stochastic_muzero:StochasticMuZeroPolicy",
@@ -24,7 +25,7 @@ _IMPLEMENTED: dict[str, str] = {
     "sampled_efficientzero": "muzero_tune.policies.sampled:SampledEfficientZeroPolicy",
     "sampled_unizero": "muzero_tune.policies.sampled_unizero:SampledUniZeroPolicy",
 }
-POLICY_TYPES: tuple[str, ...] = tuple(_IMPLEMENTED)
+POLICY_TYPES: tuple[str, ...] = tuple(POLICY_CLASSES)
 
 
 def check_policy_type(name: str) -> None:
@@ -35,11 +36,11 @@ def check_policy_type(name: str) -> None:
 
 def get_policy_class(name: str) -> type:
     check_policy_type(name)
-    module, cls = _IMPLEMENTED[name].split(":")
+    module, cls = POLICY_CLASSES[name].split(":")
     return getattr(importlib.import_module(module), cls)
 
 
 def policy_types_for(action_kind: str) -> tuple[str, ...]:
     """Implemented policy types whose class supports ``action_kind`` (imports every policy module: call it
     only to word an error)."""
-    return tuple(name for name in _IMPLEMENTED if action_kind in get_policy_class(name).action_kinds)
+    return tuple(name for name in POLICY_CLASSES if action_kind in get_policy_class(name).action_kinds)

@@ -60,8 +60,8 @@ class SampledPolicyMixin:
     def continuous(self) -> bool:
         return self.spec.action_kind == "continuous"
 
-    def _make_search(self):
-        knobs = self._search_knobs()
+    def make_search(self):
+        knobs = self.search_knobs()
         knobs["num_actions"] = 1 if self.continuous else self.spec.num_actions
         return SampledSearch(
             num_samples=self.cfg.policy.num_samples,
@@ -104,14 +104,14 @@ class SampledPolicyMixin:
     def step_stat_names(self) -> tuple[str, ...]:
         return (*super().step_stat_names(), SAMPLED_ACTIONS)
 
-    def _edge_actions(self, out, edges: np.ndarray) -> np.ndarray:
+    def edge_actions(self, out, edges: np.ndarray) -> np.ndarray:
         """The chosen slots' sampled actions: [B, D] float32 or [B] int64."""
         return out.extras[SAMPLED_ACTIONS][np.arange(len(edges)), edges]
 
-    def _step_stats(self, out, legal_mask) -> dict[str, np.ndarray]:
-        return {**super()._step_stats(out, legal_mask), SAMPLED_ACTIONS: out.extras[SAMPLED_ACTIONS]}
+    def step_stats(self, out, legal_mask) -> dict[str, np.ndarray]:
+        return {**super().step_stats(out, legal_mask), SAMPLED_ACTIONS: out.extras[SAMPLED_ACTIONS]}
 
-    def _reanalyze_stats(self, out) -> dict[str, np.ndarray]:
+    def reanalyze_stats(self, out) -> dict[str, np.ndarray]:
         """Fresh visit distributions and the sampled actions they are over (both written back)."""
         return {
             "child_visits": out.visit_distribution.astype(np.float32),

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from muzero_tune.mcts.stochastic import StochasticMuZeroSearch
 from muzero_tune.models.stochastic_net import build_stochastic_network
 from muzero_tune.models.support import logits_to_scalar, logits_to_scalar_np, scalar_to_target
-from muzero_tune.policies.base import LossOutput
+from muzero_tune.policies.base import LossOutput, model_device
 from muzero_tune.policies.muzero import MuZeroPolicy, root_loss_weight, scale_gradient, soft_cross_entropy
 from muzero_tune.replay.targets import TrainBatch, make_batch
 
@@ -45,8 +45,8 @@ class StochasticMuZeroPolicy(MuZeroPolicy):
     name = "stochastic_muzero"
     ssl_latent_seam = False  # its own loss
 
-    def _make_search(self):
-        return StochasticMuZeroSearch(num_chances=self.cfg.policy.chance_space_size, **self._search_knobs())
+    def make_search(self):
+        return StochasticMuZeroSearch(num_chances=self.cfg.policy.chance_space_size, **self.search_knobs())
 
     # ---------------------------------------------------------------- model
 
@@ -64,8 +64,8 @@ class StochasticMuZeroPolicy(MuZeroPolicy):
             reward_support_size=mc.reward_support_size,
         )
 
-    def _search_fns(self, model) -> dict:
-        dev = self._device(model)
+    def search_fns(self, model) -> dict:
+        dev = model_device(model)
         vs, rs = model.value_support_size, model.reward_support_size
 
         def afterstate_fn(latent: torch.Tensor, actions: np.ndarray):
@@ -110,7 +110,7 @@ class StochasticMuZeroPolicy(MuZeroPolicy):
 
     def compute_loss(self, model, batch: TrainBatch, *, train_iter: int) -> LossOutput:
         lc, pc = self.cfg.learn, self.cfg.policy
-        dev = self._device(model)
+        dev = model_device(model)
 
         def t(x, dtype=torch.float32):
             return torch.as_tensor(x, device=dev, dtype=dtype)

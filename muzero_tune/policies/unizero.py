@@ -46,13 +46,11 @@ import torch
 import torch.nn.functional as F
 
 from muzero_tune.errors import ConfigError
-from muzero_tune.mcts import select_action
 from muzero_tune.models import logits_to_scalar, logits_to_scalar_np, scalar_to_target
 from muzero_tune.models.kv_cache import NodeContextStore, TokenContext, bump_cache_epoch, weights_tag
 from muzero_tune.models.unizero_net import UniZeroNet, default_max_tokens, token_sequence
-from muzero_tune.policies.base import ActOutput, LossOutput
+from muzero_tune.policies.base import LossOutput, SearchRoots, eval_mode, model_device
 from muzero_tune.policies.muzero import MuZeroPolicy, soft_cross_entropy
-from muzero_tune.policies.muzero_context import eval_mode
 from muzero_tune.replay.targets import PastSteps, TrainBatch, make_batch
 
 TARGET_LATENT = "unizero_target_latent"  # TrainBatch.extras: [B, K, E] the target tokenizer's next latents
@@ -97,13 +95,12 @@ class UniZeroActState:
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class Roots:
-    """Root inference of B rows: observation tokens, heads, and their contexts (for the search)."""
+class RootContexts:
+    """A UniZero ``SearchRoots.context``: the B root windows ending at o_t (the search's root contexts) and,
+    when acting, the pre-root contexts of all N envs they were built from (None elsewhere)."""
 
-    latent: torch.Tensor  # [B, E] observation tokens o_t
-    value_logits: torch.Tensor  # [B, 2Sv+1]
-    policy_logits: torch.Tensor  # [B, P]
-    ctx: TokenContext  # B rows: the root windows ending at o_t
+    roots: TokenContext  # B rows
+    all_envs: TokenContext | None = None  # N rows
 
 
 class UniZeroPolicy(MuZeroPolicy):
@@ -129,7 +126,7 @@ class UniZeroPolicy(MuZeroPolicy):
         self.context_steps = self.context_obs - 1  # past steps a target's root window holds (Policy)
         self.max_tokens = default_max_tokens(cfg.replay.num_unroll_steps, pc.context_tokens)
         self.use_cache = bool(pc.kv_cache)
-        self._nodes = NodeContextStore()
+        self.node_contexts = NodeContextStore()
 
     # ---------------------------------------------------------------- model
 
@@ -171,13 +168,13 @@ class UniZeroPolicy(MuZeroPolicy):
     def on_weights_loaded(self, model) -> None:
         """After a snapshot load: no context or node of the old weights can be used again."""
         bump_cache_epoch(model)
-        self._nodes.clear()
+        self.node_contexts.clear()
 
     def on_train_budget_done(self, model, target_model) -> None:
         """The driver's side after each train budget: the trained and target models' caches are void."""
         bump_cache_epoch(model)
         bump_cache_epoch(target_model)
-        self._nodes.clear()
+        self.node_contexts.clear()
 
     # ---------------------------------------------------------------- roots
 
@@ -188,7 +185,7 @@ class UniZeroPolicy(MuZeroPolicy):
     def _rebuild(self, model: UniZeroNet, state: UniZeroActState) -> TokenContext:
         """Every env's pre-root context re-encoded from its raw window with the current weights (no keys)."""
         n = state.step.shape[0]
-        dev = self._device(model)
+        dev = model_device(model)
         dtype = model.ln_f.weight.dtype
         ctx = TokenContext.empty(n, max_tokens=model.max_tokens, embed_dim=model.embed_dim, device=dev,
                                  dtype=dtype)  # fmt: skip
@@ -206,10 +203,11 @@ class UniZeroPolicy(MuZeroPolicy):
 
     def root_inference(
         self, model: UniZeroNet, obs: torch.Tensor, state: UniZeroActState, env_index: np.ndarray
-    ) -> tuple[Roots, TokenContext]:
-        """Roots of the envs ``env_index`` [B] at observations ``obs`` [B, *obs_shape] (eval mode, no grad),
-        and the pre-root contexts of all N envs they were built from (re-encoded from the raw windows when
-        the state's were computed by other weights)."""
+    ) -> SearchRoots:
+        """Roots of the envs ``env_index`` [B] at observations ``obs`` [B, *obs_shape] (eval mode, no grad):
+        the observation tokens [B, E], the heads' logits and (:class:`RootContexts`) the root windows and the
+        pre-root contexts of all N envs they were built from (re-encoded from the raw windows when the
+        state's were computed by other weights)."""
         ctx_all = state.ctx
         if ctx_all is None or ctx_all.tag != weights_tag(model):
             ctx_all = self._rebuild(model, state)
@@ -239,12 +237,12 @@ class UniZeroPolicy(MuZeroPolicy):
         hidden, root_ctx = model.extend(ctx, new, new_len, limit=self.root_limit, use_cache=self.use_cache)
         h = hidden[torch.arange(bsz, device=z.device), torch.as_tensor(new_len - 1, device=z.device)]
         heads = model.obs_heads(h)
-        return Roots(z, heads.value_logits, heads.policy_logits, root_ctx), ctx_all
+        context = RootContexts(root_ctx, ctx_all)
+        return SearchRoots(z, heads.policy_logits, heads.value_logits, context=context)
 
-    def _advanced(
-        self, state, env_index, obs, actions, roots: Roots, ctx_all: TokenContext
-    ) -> UniZeroActState:
-        """The state after envs ``env_index`` searched from ``roots`` at ``obs`` and took ``actions``."""
+    def advance_act_state(self, state, env_index, obs, actions, roots: SearchRoots) -> UniZeroActState:
+        """The state after envs ``env_index`` searched from ``roots`` at ``obs`` and took ``actions``: the
+        raw windows move on by one step, the contexts are the roots' (computed with the acting weights)."""
         s1 = self.context_obs - 1
         n = state.step.shape[0]
         step, hist_len = state.step.copy(), state.hist_len.copy()
@@ -263,13 +261,16 @@ class UniZeroPolicy(MuZeroPolicy):
                     h -= 1
                 obs_hist[i, h], act_hist[i, h] = obs[r], actions[r]
                 hist_len[i] = h + 1
-        return UniZeroActState(step, hist_len, obs_hist, act_hist, ctx_all.with_rows(env_index, roots.ctx))
+        ctx = roots.context.all_envs.with_rows(env_index, roots.context.roots)
+        return UniZeroActState(step, hist_len, obs_hist, act_hist, ctx)
 
     # ---------------------------------------------------------------- search
 
-    def _recurrent_fn(self, model: UniZeroNet):
-        dev = self._device(model)
-        nodes, use_cache, limit = self._nodes, self.use_cache, model.max_tokens
+    def recurrent_fn(self, model: UniZeroNet):
+        """The search's model step in the transformer's context: each new node's context is its parent's
+        (:attr:`node_contexts`) extended by the action and the predicted next latent."""
+        dev = model_device(model)
+        nodes, use_cache, limit = self.node_contexts, self.use_cache, model.max_tokens
         tag = weights_tag(model)  # fixed for the whole search
 
         def fn(latent, actions, *, parent_node, new_node, depth):
@@ -289,38 +290,16 @@ class UniZeroPolicy(MuZeroPolicy):
         fn.wants_node_ids = True
         return fn
 
-    def _search_from(self, model, roots: Roots, legal_mask, *, add_noise, deterministic, rng):
-        self._nodes.reset(roots.ctx, num_nodes=self.cfg.mcts.num_simulations + 1)
-        return self._run_search(
-            model, roots.latent, roots.policy_logits, roots.value_logits, legal_mask,
-            add_noise=add_noise, deterministic=deterministic, rng=rng,
-        )  # fmt: skip
-
-    def act(
-        self, model, obs, legal_mask, *, explore, temperature, rng, state=None, env_index=None
-    ) -> ActOutput:
-        state, env_index = self._acting_rows(len(obs), state, env_index)
-        deterministic = (not explore) and self.cfg.mcts.deterministic_eval
-        with eval_mode(model):
-            obs_t = torch.as_tensor(obs, device=self._device(model))
-            roots, ctx_all = self.root_inference(model, obs_t, state, env_index)
-            out, predicted = self._search_from(
-                model, roots, legal_mask, add_noise=explore, deterministic=deterministic, rng=rng
-            )
-        actions = self._edge_actions(out, select_action(
-            out.visit_counts, temperature=temperature if explore else 0.0, rng=rng, deterministic=not explore
-        ))  # fmt: skip
-        return ActOutput(
-            actions=actions,
-            step_stats=self._step_stats(out, legal_mask),
-            root_value=out.root_value,
-            predicted_value=predicted,
-            state=self._advanced(state, env_index, np.asarray(obs), actions, roots, ctx_all),
+    def run_search(self, model, roots: SearchRoots, legal_mask, *, add_noise, deterministic, rng):
+        """MuZero's search from ``roots``, the node contexts starting from the root windows."""
+        self.node_contexts.reset(roots.context.roots, num_nodes=self.cfg.mcts.num_simulations + 1)
+        return super().run_search(
+            model, roots, legal_mask, add_noise=add_noise, deterministic=deterministic, rng=rng
         )
 
     def window_roots(
         self, model: UniZeroNet, obs: torch.Tensor, past: PastSteps | None = None, *, use_cache: bool = True
-    ) -> Roots:
+    ) -> SearchRoots:
         """Roots of N stored positions p as acting builds them (eval mode, no grad): the window
         [o_{p-h}, a_{p-h}, ..., o_{p-1}, a_{p-1}, o_p] of observations ``obs`` [N, *obs_shape] and the h valid
         steps of ``past`` (:class:`PastSteps`, [N, H, ...] with H <= S - 1; None: h = 0, the observation
@@ -334,7 +313,7 @@ class UniZeroPolicy(MuZeroPolicy):
         hidden, ctx = model.extend(empty, new, new_len, limit=self.root_limit, use_cache=use_cache)
         last = torch.as_tensor(new_len - 1, device=z.device)
         heads = model.obs_heads(hidden[torch.arange(n, device=z.device), last])
-        return Roots(z, heads.value_logits, heads.policy_logits, ctx)
+        return SearchRoots(z, heads.policy_logits, heads.value_logits, context=RootContexts(ctx))
 
     def _window_tokens(
         self, model: UniZeroNet, z: torch.Tensor, past: PastSteps | None
@@ -357,23 +336,23 @@ class UniZeroPolicy(MuZeroPolicy):
     def reanalyze(
         self, target_model, obs, legal_mask, rng, past: PastSteps | None = None
     ) -> np.ndarray | dict[str, np.ndarray]:
-        """Fresh visit distributions [N, A] (:meth:`_reanalyze_stats`): the target world model's search from
+        """Fresh visit distributions [N, A] (:meth:`reanalyze_stats`): the target world model's search from
         the roots acting built (:meth:`window_roots` over ``obs`` [N, *obs_shape] and ``past``; None: the
         observations alone)."""
         with eval_mode(target_model):
-            obs_t = torch.as_tensor(obs, device=self._device(target_model))
+            obs_t = torch.as_tensor(obs, device=model_device(target_model))
             roots = self.window_roots(target_model, obs_t, past, use_cache=self.use_cache)
-            out, _ = self._search_from(
+            out, _ = self.run_search(
                 target_model, roots, legal_mask, add_noise=True, deterministic=False, rng=rng
             )
-        return self._reanalyze_stats(out)
+        return self.reanalyze_stats(out)
 
     # ---------------------------------------------------------------- targets
 
     def value_fn(self, model: UniZeroNet, *, chunk: int = 2048):
         """``(obs [N, ...], past: PastSteps of N rows or None) -> value [N]``: the model's value at the roots
         acting built (:meth:`window_roots`; without ``past``, the observation alone)."""
-        dev = self._device(model)
+        dev = model_device(model)
 
         def fn(obs: np.ndarray, past: PastSteps | None = None) -> np.ndarray:
             vals = []
@@ -414,7 +393,7 @@ class UniZeroPolicy(MuZeroPolicy):
             defer_bootstrap=defer_bootstrap,
             context_steps=self.context_steps,
         )
-        dev = self._device(target_model)
+        dev = model_device(target_model)
         with eval_mode(target_model):
             nxt = torch.as_tensor(batch.obs[:, 1:], device=dev)
             z = target_model.encode(nxt.flatten(0, 1)).view(*nxt.shape[:2], -1)
@@ -452,7 +431,7 @@ class UniZeroPolicy(MuZeroPolicy):
         ``loss = mean(IS weight x per_sample)``. ``train_iter`` is reported as ``train/train_iter``.
         """
         lc, pc = self.cfg.learn, self.cfg.policy
-        dev = self._device(model)
+        dev = model_device(model)
 
         def t(x, dtype=torch.float32):
             return torch.as_tensor(x, device=dev, dtype=dtype)

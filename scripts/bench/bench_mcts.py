@@ -294,14 +294,14 @@ def time_collect_step(
         return wrapper
 
     model.initial_inference = timed(model.initial_inference, "root")
-    search_run = policy._search.run
+    search_run = policy.search.run
 
     def run_with_timed_network(*a, **kw):  # every network function the policy hands to Search.run
         kw = {k: timed(v, "network") if k.endswith("_fn") and callable(v) else v for k, v in kw.items()}
         return search_run(*a, **kw)
 
-    policy._search.run = run_with_timed_network
-    policy_module = sys.modules[type(policy)._recurrent_fn.__module__]
+    policy.search.run = run_with_timed_network
+    policy_module = sys.modules[type(policy).recurrent_fn.__module__]
     forward = getattr(policy_module, "recurrent_outputs", None)
     if forward is not None:  # restored below: the module global is shared by every policy of that module
         policy_module.recurrent_outputs = timed(forward, "forward")

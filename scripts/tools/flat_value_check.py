@@ -103,14 +103,14 @@ def main(argv: list[str] | None = None) -> int:
           f"p90 {np.quantile(spread, 0.9):.4f}; "
           f"|root Q - child Q| (min-max span floor): median {np.median(root_gap):.3f}")
     legal = np.ones((n, a_n), dtype=bool)
-    noisy, _ = policy._search_roots(model, obs, legal, add_noise=True, deterministic=False,
-                                    rng=np.random.default_rng(0))
+    noisy, _ = policy.search_observations(model, obs, legal, add_noise=True, deterministic=False,
+                                          rng=np.random.default_rng(0))
     vd = noisy.visit_distribution
     ent = -(vd * np.log(vd + 1e-12)).sum(1)
     print(f"visit-target entropy (collect search): mean {ent.mean():.4f} "
           f"(uniform: ln {a_n} = {np.log(a_n):.4f}); largest visit share median {np.median(vd.max(1)):.3f}")
-    greedy, _ = policy._search_roots(model, obs, legal, add_noise=False, deterministic=True,
-                                     rng=np.random.default_rng(0))
+    greedy, _ = policy.search_observations(model, obs, legal, add_noise=False, deterministic=True,
+                                           rng=np.random.default_rng(0))
     hist = np.bincount(greedy.visit_counts.argmax(1), minlength=a_n)
     print(f"greedy (evaluation) action per state: {hist.tolist()} (counts of actions 0..{a_n - 1})")
     return 0
