@@ -217,15 +217,15 @@ def _resume_plan(args: argparse.Namespace):
     notes.append(
         f"resuming from {found.path} (eval_index={counters['eval_index']} "
         f"train_iter={found.checkpoint['resume']['learner']['train_iter']} "
-        f"env_steps={counters['env_steps']}, "
+        f"envstep={counters['env_steps']}, "
         f"{'async' if cfg.policy.async_pipeline.enabled else 'sync'} pipeline); {describe_changes(changes)}"
     )
     moved = any(k in changes for k in ("exp_name", "logging.output_dir"))
     folder = found.run_dir if (found.run_dir is not None and not moved) else run_dir(cfg)
-    if counters["env_steps"] >= cfg.max_env_step:
+    if counters["env_steps"] >= cfg.max_envstep:
         notes.append(
-            f"the run already has env_steps={counters['env_steps']} >= max_env_step={cfg.max_env_step}: "
-            f"raise it with --set max_env_step=N to train further"
+            f"the run already has envstep={counters['env_steps']} >= max_envstep={cfg.max_envstep}: "
+            f"raise it with --set max_envstep=N to train further"
         )
     return cfg, found, folder, notes
 
@@ -259,7 +259,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     last = summary.evals[-1] if summary.evals else {}
     reward = f"reward_mean={last['reward_mean']:.1f}" if "reward_mean" in last else "no new evaluation"
     print(
-        f"[muzero-tune] stopped ({summary.stop_reason}): env_steps={summary.env_steps} "
+        f"[muzero-tune] stopped ({summary.stop_reason}): envstep={summary.env_steps} "
         f"train_iter={summary.train_iter} wall_s={summary.wall_s:.1f} {reward} "
         f"checkpoints: {reporter.ckpt_dir}/"
     )

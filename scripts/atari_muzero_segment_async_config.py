@@ -19,7 +19,7 @@ from muzero_tune.config import make_config, parse_set_args
 from muzero_tune.runs.reporter import run_dir
 
 SMOKE = {
-    "max_env_step": 800,
+    "max_envstep": 800,
     "mcts.num_simulations": 8,
     "learn.batch_size": 16,
     "learn.replay_ratio": 0.05,
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     last = summary.evals[-1] if summary.evals else {}
     print(
         f"[atari] {cfg.env.env_id} {'async' if cfg.policy.async_pipeline.enabled else 'sync'}: "
-        f"stopped ({summary.stop_reason}) env_steps={summary.env_steps} train_iter={summary.train_iter} "
+        f"stopped ({summary.stop_reason}) envstep={summary.env_steps} train_iter={summary.train_iter} "
         f"wall_s={summary.wall_s:.1f} envstep/s={summary.env_steps / max(summary.wall_s, 1e-9):.1f} "
         f"reward_mean={last.get('reward_mean', float('nan'))} checkpoints: {run_dir(cfg)}/ckpt/"
     )

@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
     p.add_argument("--output-dir", default="runs/learning_curve")
-    p.add_argument("--max-env-steps", type=int, default=30_000, help="the goal's env-step budget per seed")
+    p.add_argument("--max-envstep", "--max-envstep", dest="max_envstep", type=int, default=30_000, help="the goal's env-step budget per seed")
     p.add_argument("--max-wall-s", type=float, default=600.0, help="the goal's wall-clock budget per seed")
     args = p.parse_args(argv)
     rows = []
@@ -94,12 +94,12 @@ def main(argv: list[str] | None = None) -> int:
         )
     ok = all(
         r["solved"]
-        and r["env_steps_to_target"] <= args.max_env_steps
+        and r["env_steps_to_target"] <= args.max_envstep
         and r["wall_s_to_target"] <= args.max_wall_s
         for r in rows
     )
     print(
-        f"goal (every seed <= {args.max_env_steps} env steps and <= {args.max_wall_s:g} s):",
+        f"goal (every seed <= {args.max_envstep} env steps and <= {args.max_wall_s:g} s):",
         "MET" if ok else "NOT MET",
     )
     return 0 if ok else 1

@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from learning_curve import run_seed, seed_row  # noqa: E402  (shared with learning_curve.py)
 
-from muzero_tune.config import make_config, parse_set_args, to_flat_dict  # noqa: E402
+from muzero_tune.config import current_key, make_config, parse_set_args, to_flat_dict  # noqa: E402
 from muzero_tune.runs.reporter import MemoryReporter  # noqa: E402
 
 RESULTS_DIR = "results"
@@ -173,7 +173,7 @@ def run_cell(preset: str, seed: int, overrides: dict, output_dir: str, also: dic
         "env_id": cfg.env.env_id,
         "policy_type": cfg.policy.type,
         "overrides": {k: str(v) for k, v in overrides.items()},
-        "max_env_step": cfg.max_env_step,
+        "max_envstep": cfg.max_envstep,
         "max_wall_s": cfg.max_wall_s,
         "final_return": curve[-1][2] if curve else None,
         "final_env_steps": curve[-1][0] if curve else None,
@@ -193,7 +193,7 @@ def import_run(run_dir: str, preset: str, overrides: dict) -> dict:
     Raises SystemExit naming the first key that differs, so a run of another config is never filed under
     the preset."""
     with open(os.path.join(run_dir, "config.json")) as f:
-        ran = json.load(f)
+        ran = {current_key(k, warn=False): v for k, v in json.load(f).items()}
     seed = int(ran["seed"])
     want = to_flat_dict(make_config(preset, overrides={"seed": seed, **overrides}))
     for key, value in want.items():
@@ -214,7 +214,7 @@ def import_run(run_dir: str, preset: str, overrides: dict) -> dict:
     return {
         **row, "preset": preset, "env_id": want["env.env_id"],
         "policy_type": want["policy.type"], "overrides": {k: str(v) for k, v in overrides.items()},
-        "max_env_step": want["max_env_step"], "max_wall_s": want["max_wall_s"],
+        "max_envstep": want["max_envstep"], "max_wall_s": want["max_wall_s"],
         "final_return": curve[-1][2] if curve else None, "final_env_steps": curve[-1][0] if curve else None,
         "imported_from": os.path.abspath(run_dir),
         "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -226,7 +226,10 @@ def load_results(output_dir: str) -> list[dict]:
     rows = []
     for path in glob.glob(os.path.join(output_dir, RESULTS_DIR, "*__seed*.json")):
         with open(path) as f:
-            rows.append(json.load(f))
+            row = json.load(f)
+        if "max_env_step" in row:  # a cell stored before the budget's key was renamed
+            row["max_envstep"] = row.pop("max_env_step")
+        rows.append(row)
     return sorted(rows, key=lambda r: (r["preset"], r["seed"]))
 
 
@@ -237,7 +240,7 @@ def within_budget(r: dict) -> bool:
     """Reached the threshold within the cell's env-step and wall budgets."""
     if not r["solved"]:
         return False
-    if r["env_steps_to_target"] > r["max_env_step"]:
+    if r["env_steps_to_target"] > r["max_envstep"]:
         return False
     return r.get("max_wall_s") is None or r["wall_s_to_target"] <= r["max_wall_s"]
 
@@ -268,7 +271,7 @@ def summarize(rows: list[dict]) -> list[dict]:
             # with unsolved seeds the median is taken with them counted as above every solved one
             "median_env_steps_lower_bound": _median_with_unsolved(steps, len(rs)),
             "median_wall_s_lower_bound": _median_with_unsolved(walls, len(rs)),
-            "max_env_step": max(r["max_env_step"] for r in rs),
+            "max_envstep": max(r["max_envstep"] for r in rs),
             "max_wall_s": rs[0].get("max_wall_s"),
             "median_final_return": statistics.median(finals) if finals else None,
             "min_final_return": min(finals) if finals else None,
@@ -303,8 +306,8 @@ def markdown_table(summaries: list[dict]) -> str:
             med_wall, worst_wall = _fmt(s["median_wall_s"], 1), _fmt(s["worst_wall_s"], 1)
         else:
             lb = s["median_env_steps_lower_bound"]
-            med_steps = _fmt(lb) if lb is not None else f"> {s['max_env_step']:,}"
-            worst_steps = f"> {s['max_env_step']:,}"
+            med_steps = _fmt(lb) if lb is not None else f"> {s['max_envstep']:,}"
+            worst_steps = f"> {s['max_envstep']:,}"
             lb_wall = s.get("median_wall_s_lower_bound")
             med_wall, worst_wall = (_fmt(lb_wall, 1) if lb_wall is not None else "—"), "—"
         lines.append(
@@ -341,7 +344,7 @@ def also_eval_table(rows: list[dict]) -> str:
 def _steps_summary(rs: list[dict]) -> str:
     """"median / worst (n/N)" env steps to the target; an unsolved seed counts as above the budget."""
     ok = [r["env_steps_to_target"] for r in rs if within_budget(r)]
-    budget = max(r["max_env_step"] for r in rs)
+    budget = max(r["max_envstep"] for r in rs)
     med = _median_with_unsolved(ok, len(rs))
     worst = _fmt(max(ok)) if len(ok) == len(rs) else f"> {budget:,}"
     return f"{_fmt(med) if med is not None else f'> {budget:,}'} / {worst} ({len(ok)}/{len(rs)})"
@@ -454,8 +457,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE",
                    help="applied to every cell (stored with it)")
     p.add_argument("--output-dir", default="runs/learning_report")
-    p.add_argument("--max-env-steps", type=int, default=None,
-                   help="env-step budget per cell (default: each preset's max_env_step)")
+    p.add_argument("--max-envstep", "--max-envstep", dest="max_envstep", type=int, default=None,
+                   help="env-step budget per cell (default: each preset's max_envstep)")
     p.add_argument("--max-wall-s", type=float, default=None, help="wall budget per cell (default: none)")
     p.add_argument("--also-eval", action="append", default=[], metavar="KEY=VALUE",
                    help="eval.* / mcts.* settings to evaluate every snapshot under as well (the same "
@@ -472,8 +475,8 @@ def main(argv: list[str] | None = None) -> int:
     for key in also:
         if key.split(".")[0] not in ("eval", "mcts"):
             raise SystemExit(f"--also-eval {key}: only eval.* and mcts.* settings can be evaluated beside")
-    if args.max_env_steps is not None:
-        overrides["max_env_step"] = args.max_env_steps
+    if args.max_envstep is not None:
+        overrides["max_envstep"] = args.max_envstep
     if args.max_wall_s is not None:
         overrides["max_wall_s"] = args.max_wall_s
     if args.import_run:

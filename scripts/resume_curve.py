@@ -43,14 +43,14 @@ def main(argv: list[str] | None = None) -> None:
         name = variant.replace(" ", "_").replace(",", "")
         cfg1 = make_config(
             "cartpole_muzero",
-            overrides={**base, **extra, "max_env_step": args.first, "exp_name": f"first_{name}"},
+            overrides={**base, **extra, "max_envstep": args.first, "exp_name": f"first_{name}"},
         )
         rep1 = MemoryReporter()
         train_muzero_segment(cfg1, reporter=_Both(rep1, default_reporter(cfg1)))
         ckpt = latest_checkpoint(os.path.join(args.out_dir, f"first_{name}"))
         cfg2 = make_config(
             "cartpole_muzero",
-            overrides={**base, **extra, "max_env_step": args.first + args.then, "exp_name": f"then_{name}"},
+            overrides={**base, **extra, "max_envstep": args.first + args.then, "exp_name": f"then_{name}"},
         )
         rep2 = MemoryReporter()
         train_muzero_segment(cfg2, reporter=rep2, resume_from=ckpt)

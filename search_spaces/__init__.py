@@ -114,7 +114,7 @@ SPACES: dict[str, SearchSpace] = {
             "A/B: sync vs async over seeds 0, 1 (4 small trials, a few minutes on 2 cores)",
             _sync_vs_async((0, 1)),
             max_concurrent=2,
-            base_overrides={"max_env_step": 6000},
+            base_overrides={"max_envstep": 6000},
         ),
     )
 }

@@ -24,7 +24,7 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 ASYNC_SMALL = {
     "model.hidden_dim": 32, "model.latent_dim": 16, "mcts.num_simulations": 4, "learn.batch_size": 32,
     "env.collector_env_num": 4, "env.evaluator_env_num": 2, "eval.n_episodes": 2, "eval.eval_freq": 20,
-    "replay.game_segment_length": 20, "max_env_step": 400, "stop_value": None, "logging.quiet": True,
+    "replay.game_segment_length": 20, "max_envstep": 400, "stop_value": None, "logging.quiet": True,
     "policy.async_pipeline.enabled": True, "policy.async_pipeline.actor_restart_delay_s": 0.1,
 }
 
@@ -268,7 +268,7 @@ def trained_run(tmp_path_factory):
     """A tiny sync run trained through the CLI (seed 1, 300 env steps, 3 evaluations); copy it before
     changing it. Returns its run folder (``<tmp>/runs/tiny``)."""
     root = tmp_path_factory.mktemp("cli_run")
-    res = run_cli(["train", *set_args({**CLI_SMALL, "seed": 1, "max_env_step": 300, "exp_name": "tiny",
+    res = run_cli(["train", *set_args({**CLI_SMALL, "seed": 1, "max_envstep": 300, "exp_name": "tiny",
                                        "logging.output_dir": str(root / "runs")})], cwd=root)
     assert res.returncode == 0, res.stderr
     return str(root / "runs" / "tiny")

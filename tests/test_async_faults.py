@@ -42,7 +42,7 @@ def test_failed_collector_is_restarted_and_its_collect_dropped(mode, fault, run_
                                                                alive_after):
     run = run_async(tmp_path, {AP + "num_collector_actors": 2}, fault=fault)
     st = run.stats
-    assert run.summary.stop_reason == "max_env_step" and run.summary.train_iter > 0
+    assert run.summary.stop_reason == "max_envstep" and run.summary.train_iter > 0
     assert st.collector_restarts >= 1 and st.collector_failures >= 1
     assert st.dropped_collects >= 1
     assert st.evaluator_restarts == 0
@@ -61,7 +61,7 @@ def test_hung_collector_is_caught_by_collect_timeout_and_restarted(run_async, tm
                                AP + "max_actor_restarts": 10},
                     fault=FaultSpec("collector", (0,), 5, NEVER_ENDS, "hang"))
     st = run.stats
-    assert run.summary.stop_reason == "max_env_step"
+    assert run.summary.stop_reason == "max_envstep"
     assert st.collector_failures >= 1 and st.collector_restarts >= 1 and st.dropped_collects >= 1
     _assert_nothing_partial_was_pushed(run)
     _assert_cleaned_up(run, ray_cluster, alive_after)  # the hung process was killed
@@ -70,7 +70,7 @@ def test_hung_collector_is_caught_by_collect_timeout_and_restarted(run_async, tm
 def test_failed_evaluator_is_restarted(run_async, tmp_path, ray_cluster, alive_after):
     run = run_async(tmp_path, {}, fault=FaultSpec("evaluator", (0,), 1, NEVER_ENDS, "raise"))
     st = run.stats
-    assert run.summary.stop_reason == "max_env_step"
+    assert run.summary.stop_reason == "max_envstep"
     assert st.evaluator_failures >= 1 and st.evaluator_restarts >= 1
     assert st.collector_restarts == 0 and st.dropped_collects == 0
     assert run.summary.evals  # the restarted evaluator evaluated (the final weights at least)
@@ -102,7 +102,7 @@ def test_exhausted_restarts_stop_the_run_with_intact_checkpoints(run_async, tmp_
                                                                   alive_after):
     # collector 0 raises once it has stepped its env 0 250 times (about 12 collects), long after the first
     # evaluation (eval_at_start) was saved
-    overrides = {AP + "max_actor_restarts": 0, AP + "eval_at_start": True, "max_env_step": 20_000}
+    overrides = {AP + "max_actor_restarts": 0, AP + "eval_at_start": True, "max_envstep": 20_000}
     run = run_async(tmp_path, overrides,
                     fault=FaultSpec("collector", (0,), 250, NEVER_ENDS, "raise"), standalone=True,
                     exp_name="exhausted", expect_error=ActorFailureError)

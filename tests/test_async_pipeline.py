@@ -42,7 +42,7 @@ def basic(run_async, tmp_path_factory):
 
 def test_run_completes_trains_evaluates_and_writes_evaluated_snapshot(basic):
     s = basic.summary
-    assert s.stop_reason == "max_env_step" and s.env_steps >= 400
+    assert s.stop_reason == "max_envstep" and s.env_steps >= 400
     assert s.train_iter > 0
     assert len(s.evals) >= 1 and all(row["pipeline"] == "async" for row in s.evals)
     files = _ckpts(basic.run_dir)
@@ -117,7 +117,7 @@ def test_no_collect_launched_beyond_max_policy_lag_and_cpu_bundles(run_async, tm
         AP + "max_train_budget_queue_size": 1,
     })
     st = run.stats
-    assert run.summary.stop_reason == "max_env_step"
+    assert run.summary.stop_reason == "max_envstep"
     assert st.launch_lags and max(st.launch_lags) <= 2
     assert st.publishes > 1 and st.publishes == len(st.publish_versions)
     # with the interval out of reach, each publish was forced by the lag rule: more than 2 versions apart
@@ -137,7 +137,7 @@ def test_lag_rule_off_publishes_once_and_collect_inflight_and_budget_cap(run_asy
         AP + "weight_sync_interval": 1000, AP + "max_train_budget_queue_size": 1,
     })
     st = run.stats
-    assert run.summary.stop_reason == "max_env_step" and run.summary.train_iter > 0
+    assert run.summary.stop_reason == "max_envstep" and run.summary.train_iter > 0
     assert st.publishes == 1 and st.publish_versions == [0]
     assert max(st.launch_lags) > 0  # collects were launched on stale weights: no lag rule
     assert all(r["version"] == 0 for r in run.probe.collects)
@@ -207,14 +207,14 @@ def test_enabled_dispatches_to_the_async_driver(ray_cluster, tmp_path, capsys, a
 
     small = {k: v for k, v in async_small.items() if k != AP + "enabled"}
     args = ["train", "--async-pipeline"]  # the CLI flag sets policy.async_pipeline.enabled
-    for k, v in {**small, "max_env_step": 200, "logging.output_dir": tmp_path, "exp_name": "cli"}.items():
+    for k, v in {**small, "max_envstep": 200, "logging.output_dir": tmp_path, "exp_name": "cli"}.items():
         args += ["--set", f"{k}={'none' if v is None else v}"]
     assert cli_main(args) == 0
-    assert "stopped (max_env_step)" in capsys.readouterr().out
+    assert "stopped (max_envstep)" in capsys.readouterr().out
     rows = [json.loads(line) for line in open(os.path.join(tmp_path, "cli", "metrics.jsonl"))]
     assert rows and all(r["pipeline"] == "async" for r in rows)
     # and without the flag the same entry point runs the sync driver
-    cfg = async_config(tmp_path, {"max_env_step": 100, AP + "enabled": False}, exp_name="sync")
+    cfg = async_config(tmp_path, {"max_envstep": 100, AP + "enabled": False}, exp_name="sync")
     rep = MemoryReporter()
     train(cfg, reporter=rep)
     assert rep.evals and all(r["pipeline"] == "sync" for r in rep.evals)
@@ -328,7 +328,7 @@ def test_a_learner_that_fails_to_build_takes_its_booting_collectors_down(monkeyp
 
 
 def test_ray_local_mode_runs_actors_in_the_driver_process(tmp_path, async_small):
-    overrides = {**async_small, "max_env_step": 200, "logging.output_dir": str(tmp_path),
+    overrides = {**async_small, "max_envstep": 200, "logging.output_dir": str(tmp_path),
                  AP + "ray_local_mode": True}
     code = (
         "import json, os, sys\n"
@@ -348,7 +348,7 @@ def test_ray_local_mode_runs_actors_in_the_driver_process(tmp_path, async_small)
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout.strip().splitlines()[-1])
-    assert out["stop"] == "max_env_step" and out["train_iter"] > 0 and out["evals"] >= 1
+    assert out["stop"] == "max_envstep" and out["train_iter"] > 0 and out["evals"] >= 1
     assert len(out["actors"]) == 2 and all(a["pid"] == out["pid"] for a in out["actors"])
     assert all(a["placement_group_id"] is None for a in out["actors"])
     assert out["ray_up"] is False  # no Ray instance at all
@@ -376,7 +376,7 @@ def test_zero_step_budgets_train_nothing_and_still_reanalyze(run_async, tmp_path
         "learn.replay_ratio": 0.01, "replay.buffer_reanalyze_freq": 2, "replay.reanalyze_batch_size": 4,
     })
     core, st = run.driver.core, run.stats
-    assert run.summary.stop_reason == "max_env_step"
+    assert run.summary.stop_reason == "max_envstep"
     assert 0 < run.summary.train_iter <= int(0.01 * st.result_transitions)
     assert core.counters.train_epoch >= 3
     assert core.counters.reanalyze_calls == 2 * core.counters.train_epoch

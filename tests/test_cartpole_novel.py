@@ -22,7 +22,7 @@ PRESET_TYPES = ("muzero_rnn_full_obs", "muzero_context", "unizero", "muzero")
 SMALL = {
     "model.hidden_dim": 32, "model.latent_dim": 16, "mcts.num_simulations": 4, "learn.batch_size": 32,
     "env.collector_env_num": 4, "env.evaluator_env_num": 2, "eval.n_episodes": 2, "eval.eval_freq": 20,
-    "replay.game_segment_length": 20, "max_env_step": 400, "stop_value": None, "logging.quiet": True,
+    "replay.game_segment_length": 20, "max_envstep": 400, "stop_value": None, "logging.quiet": True,
     "policy.rnn_hidden_size": 8,
 }
 
@@ -98,11 +98,11 @@ def test_presets_resolve_and_are_the_cartpole_preset_on_the_new_env(ptype):
     assert name in PRESETS
     cfg = make_config(name)
     assert cfg.exp_name == name and cfg.policy.type == ptype
-    assert (cfg.env.env_id, cfg.env.frame_stack, cfg.max_env_step, cfg.stop_value) == (
+    assert (cfg.env.env_id, cfg.env.frame_stack, cfg.max_envstep, cfg.stop_value) == (
         CARTPOLE_NOVEL_ID, 1, 50_000, 195.0)
     ours, base = to_flat_dict(cfg), to_flat_dict(make_config(f"cartpole_{ptype}"))
     changed = {k for k in ours if ours[k] != base[k]}
-    assert changed <= {"exp_name", "env.env_id", "env.frame_stack", "max_env_step", "stop_value"}
+    assert changed <= {"exp_name", "env.env_id", "env.frame_stack", "max_envstep", "stop_value"}
 
 
 # ---------------------------------------------------------------------------------------------- pipeline
@@ -113,7 +113,7 @@ def test_short_sync_run_of_the_recurrent_preset(tmp_path):
                       overrides={**SMALL, "logging.output_dir": str(tmp_path), "exp_name": "s"})
     assert cfg.env.env_id == CARTPOLE_NOVEL_ID
     summary = train_muzero_segment(cfg)
-    assert summary.stop_reason == "max_env_step" and summary.env_steps >= 400
+    assert summary.stop_reason == "max_envstep" and summary.env_steps >= 400
     assert summary.train_iter > 0 and summary.evals
     assert all(np.isfinite(e["reward_mean"]) for e in summary.evals)
     path = latest_checkpoint(os.path.join(str(tmp_path), "s"))

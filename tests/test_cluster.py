@@ -69,12 +69,12 @@ def test_spread_puts_the_actors_on_other_nodes_and_data_crosses_them_unchanged(t
     probe = DriverProbe()
     summary = _run(
         tmp_path,
-        {AP + "placement_strategy": "SPREAD", AP + "verify_segment_digests": True, "max_env_step": 300},
+        {AP + "placement_strategy": "SPREAD", AP + "verify_segment_digests": True, "max_envstep": 300},
         probe,
         exp_name="spread",
     )
     driver, st = probe.driver, probe.driver.stats
-    assert summary.stop_reason == "max_env_step" and summary.train_iter > 0
+    assert summary.stop_reason == "max_envstep" and summary.train_iter > 0
     nodes = [i["node_id"] for i in driver.actor_info]  # [collector, evaluator], as the actors report them
     assert len(nodes) == 2 and me not in nodes and len(set(nodes)) == 2
     assert set(st.collect_nodes) == {nodes[0]}  # every collect came from the collector's (other) node
@@ -108,7 +108,7 @@ def test_losing_the_collectors_node_restarts_it_where_its_bundle_is_rescheduled(
     try:
         summary = _run(
             tmp_path,
-            {AP + "placement_strategy": "SPREAD", "max_env_step": 600, AP + "actor_start_timeout_s": 120},
+            {AP + "placement_strategy": "SPREAD", "max_envstep": 600, AP + "actor_start_timeout_s": 120},
             probe,
             exp_name="node_lost",
         )
@@ -118,7 +118,7 @@ def test_losing_the_collectors_node_restarts_it_where_its_bundle_is_rescheduled(
         cluster.wait_for_nodes()
     driver, st = probe.driver, probe.driver.stats
     assert removed and removed["node_id"] != me and removed["node_id"] not in _nodes_alive(ray)
-    assert summary.stop_reason == "max_env_step" and summary.env_steps >= 600
+    assert summary.stop_reason == "max_envstep" and summary.env_steps >= 600
     assert st.collector_restarts == 1 and st.collector_failures == 1 and st.dropped_collects <= 1
     assert st.evaluator_restarts == 0
     after = {p["node_id"] for p in probe.actor_pings() if p["kind"] == "collector" and p["incarnation"] == 1}
@@ -139,7 +139,7 @@ def test_a_two_trial_sweep_spreads_over_the_three_nodes(three_nodes, tmp_path):
     overrides = {
         "model.hidden_dim": 32, "model.latent_dim": 16, "mcts.num_simulations": 4, "learn.batch_size": 32,
         "env.collector_env_num": 4, "env.evaluator_env_num": 2, "eval.n_episodes": 2, "eval.eval_freq": 20,
-        "replay.game_segment_length": 20, "max_env_step": 300, "stop_value": None, "logging.quiet": True,
+        "replay.game_segment_length": 20, "max_envstep": 300, "stop_value": None, "logging.quiet": True,
         "tune.storage_path": str(tmp_path / "tune"), AP + "placement_strategy": "SPREAD",
         AP + "collector_num_cpus": 0.5, AP + "evaluator_num_cpus": 0.5,  # a trial: 1 + 0.5 + 0.5 CPUs
     }  # fmt: skip
@@ -203,7 +203,7 @@ def test_losing_the_trials_own_node_retries_it_from_its_checkpoint_with_one_mlfl
     overrides = {
         "model.hidden_dim": 32, "model.latent_dim": 16, "mcts.num_simulations": 4, "learn.batch_size": 32,
         "env.collector_env_num": 4, "env.evaluator_env_num": 2, "eval.n_episodes": 2, "eval.eval_freq": 20,
-        "replay.game_segment_length": 20, "max_env_step": 600, "stop_value": None, "logging.quiet": True,
+        "replay.game_segment_length": 20, "max_envstep": 600, "stop_value": None, "logging.quiet": True,
         "tune.storage_path": str(storage), "tune.max_failures": 1, "tune.checkpoint_num_to_keep": None,
         "learn.resume_warmup_transitions": 64,  # the retry trains again (and reports) soon after it resumes
         AP + "collector_num_cpus": 0.5, AP + "evaluator_num_cpus": 0.5,

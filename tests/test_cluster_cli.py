@@ -96,14 +96,14 @@ def test_train_joins_a_cluster_started_with_ray_start_and_both_nodes_stop_at_the
         time.sleep(5)  # the worker registers with the head; the driver's placement group waits for it anyway
         res = run_cli(
             ["train", "--address", address, *set_args({
-                **CLI_SMALL, "policy.async_pipeline.enabled": True, "max_env_step": 200, "exp_name": "joined",
+                **CLI_SMALL, "policy.async_pipeline.enabled": True, "max_envstep": 200, "exp_name": "joined",
                 "logging.output_dir": str(tmp_path / "runs"), AP + "actor_start_timeout_s": 120,
             })],
             cwd=tmp_path, env=env, timeout=400,
         )  # fmt: skip
         assert res.returncode == 0, res.stderr[-3000:]
         assert f"joined the Ray cluster at {address}" in res.stderr
-        assert "stopped (max_env_step)" in res.stdout
+        assert "stopped (max_envstep)" in res.stdout
         rows = [json.loads(x) for x in open(tmp_path / "runs" / "joined" / "metrics.jsonl")]
         # the head's one CPU holds the driver's bundle: the collector ran on the worker node
         assert rows and rows[-1]["pipeline/collect_nodes"] == 1 and rows[-1]["envstep"] >= 200

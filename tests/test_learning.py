@@ -55,15 +55,15 @@ EXTRAS = {  # env id prefix -> (module, the extra that installs it)
 }
 
 
-def goal_failure(preset: str, seed: int, evals: list[dict], *, target: float, max_env_steps: int,
+def goal_failure(preset: str, seed: int, evals: list[dict], *, target: float, max_envsteps: int,
                  max_wall_s: float) -> str | None:
     """None if an evaluation reached ``target`` over 8 episodes within both budgets, else what was reached.
 
     ``evals``: the run's eval rows (``reward_mean``, ``eval_episodes``, ``envstep``, ``wall_s``)."""
-    goal = f"goal >= {target:g} within {max_env_steps:,} env steps and {max_wall_s:g} s"
+    goal = f"goal >= {target:g} within {max_envsteps:,} env steps and {max_wall_s:g} s"
     for e in evals:
         if e["reward_mean"] >= target and e["eval_episodes"] >= 8:
-            if e["envstep"] <= max_env_steps and e["wall_s"] <= max_wall_s:
+            if e["envstep"] <= max_envsteps and e["wall_s"] <= max_wall_s:
                 return None
             return (f"{preset} seed {seed}: reached {e['reward_mean']:.1f} only at {e['envstep']:,} env "
                     f"steps / {e['wall_s']:.0f} s ({goal})")
@@ -79,7 +79,7 @@ def goal_failure(preset: str, seed: int, evals: list[dict], *, target: float, ma
 def test_goal_failure_names_preset_seed_and_figure():
     row = {"eval_episodes": 8, "wall_s": 10.0}
     evals = [{**row, "reward_mean": -500.0, "envstep": 4000}, {**row, "reward_mean": -180.5, "envstep": 8000}]
-    kw = dict(target=-100.0, max_env_steps=50_000, max_wall_s=2400)
+    kw = dict(target=-100.0, max_envsteps=50_000, max_wall_s=2400)
     msg = goal_failure("acrobot_muzero", 2, evals, **kw)
     assert msg == ("acrobot_muzero seed 2: best eval reward_mean -180.5 at 8,000 env steps, last -180.5 at "
                    "8,000 env steps / 10 s (goal >= -100 within 50,000 env steps and 2400 s)")
@@ -90,16 +90,16 @@ def test_goal_failure_names_preset_seed_and_figure():
 
 
 def test_every_goal_preset_exists_and_stops_at_its_threshold():
-    for preset, seed, max_env_steps, _ in GOALS:
+    for preset, seed, max_envsteps, _ in GOALS:
         cfg = make_config(preset, overrides={"seed": seed}, check_env=False)
-        assert cfg.stop_value is not None and cfg.max_env_step >= max_env_steps, preset
+        assert cfg.stop_value is not None and cfg.max_envstep >= max_envsteps, preset
         assert cfg.eval.n_episodes == 8, preset
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(4 * 3_600 + 600)  # the longest wall budget below, past the suite's per-test default
-@pytest.mark.parametrize("preset,seed,max_env_steps,max_wall_s", GOALS)
-def test_preset_reaches_its_threshold(preset, seed, max_env_steps, max_wall_s, tmp_path):
+@pytest.mark.parametrize("preset,seed,max_envsteps,max_wall_s", GOALS)
+def test_preset_reaches_its_threshold(preset, seed, max_envsteps, max_wall_s, tmp_path):
     cfg = make_config(
         preset,
         overrides={
@@ -111,6 +111,6 @@ def test_preset_reaches_its_threshold(preset, seed, max_env_steps, max_wall_s, t
             pytest.importorskip(module, reason=f'needs the {extra} extra: pip install -e ".[{extra}]"')
     rep = MemoryReporter()
     train_muzero_segment(cfg, reporter=rep)
-    failure = goal_failure(preset, seed, rep.evals, target=cfg.stop_value, max_env_steps=max_env_steps,
+    failure = goal_failure(preset, seed, rep.evals, target=cfg.stop_value, max_envsteps=max_envsteps,
                            max_wall_s=max_wall_s)
     assert failure is None, failure

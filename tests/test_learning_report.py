@@ -21,7 +21,7 @@ def report():
     return mod
 
 
-def _fake(preset, seed, env_id, solved_at, curve, *, target=195.0, max_env_step=30_000):
+def _fake(preset, seed, env_id, solved_at, curve, *, target=195.0, max_envstep=30_000):
     return {
         "preset": preset, "seed": seed, "env_id": env_id, "target": target, "policy_type": "muzero",
         "solved": solved_at is not None,
@@ -29,7 +29,7 @@ def _fake(preset, seed, env_id, solved_at, curve, *, target=195.0, max_env_step=
         "wall_s_to_target": solved_at[1] if solved_at else None,
         "best_reward_mean": max(c[2] for c in curve), "curve": curve,
         "final_return": curve[-1][2], "final_env_steps": curve[-1][0],
-        "max_env_step": max_env_step, "max_wall_s": None, "stop_reason": "x", "overrides": {},
+        "max_envstep": max_envstep, "max_wall_s": None, "stop_reason": "x", "overrides": {},
     }
 
 
@@ -45,7 +45,7 @@ def test_table_and_plots_from_stored_results(report, tmp_path):
     _store(report, tmp_path, _fake("b", 0, "CartPole-v1", (500, 5.0), [(500, 5.0, 196.0)]))
     _store(report, tmp_path, _fake("b", 1, "CartPole-v1", None, [(500, 5.0, 20.0), (30_000, 300.0, 150.0)]))
     _store(report, tmp_path, _fake("c", 0, "Acrobot-v1", None, [(1000, 9.0, -500.0)], target=-100.0,
-                                   max_env_step=50_000))
+                                   max_envstep=50_000))
     # preset d: two of three seeds solved, so its median (the slower solved seed) is known, its worst is not
     _store(report, tmp_path, _fake("d", 0, "CartPole-v1", (1000, 30.0), [(1000, 30.0, 199.0)]))
     _store(report, tmp_path, _fake("d", 1, "CartPole-v1", (2000, 10.0), [(2000, 10.0, 197.0)]))
@@ -80,13 +80,13 @@ def test_a_tiny_real_cell_is_stored_then_skipped(report, tmp_path, capsys):
     tiny = ["model.hidden_dim=32", "model.latent_dim=16", "mcts.num_simulations=4", "learn.batch_size=32",
             "env.collector_env_num=4", "env.evaluator_env_num=2", "eval.n_episodes=2", "eval.eval_freq=10",
             "replay.game_segment_length=20", "stop_value=1"]  # any CartPole episode returns >= 1
-    args = ["--presets", "cartpole_muzero", "--seeds", "3", "--output-dir", out, "--max-env-steps", "400"]
+    args = ["--presets", "cartpole_muzero", "--seeds", "3", "--output-dir", out, "--max-envstep", "400"]
     for s in tiny:
         args += ["--set", s]
     assert report.main(args) == 0
     path = report.cell_path(out, "cartpole_muzero", 3)
     rec = json.load(open(path))
-    assert rec["solved"] and rec["env_id"] == "CartPole-v1" and rec["max_env_step"] == 400
+    assert rec["solved"] and rec["env_id"] == "CartPole-v1" and rec["max_envstep"] == 400
     assert rec["env_steps_to_target"] <= 400 and rec["curve"][-1][2] >= 1
     assert "| cartpole_muzero | CartPole-v1 | 1 | 1/1 |" in capsys.readouterr().out
     mtime = os.path.getmtime(path)
@@ -102,7 +102,7 @@ TINY = ["model.hidden_dim=32", "model.latent_dim=16", "mcts.num_simulations=4", 
 
 
 def _cell(report, out, *extra):
-    args = ["--presets", "cartpole_muzero", "--seeds", "3", "--output-dir", out, "--max-env-steps", "400"]
+    args = ["--presets", "cartpole_muzero", "--seeds", "3", "--output-dir", out, "--max-envstep", "400"]
     for s in TINY:
         args += ["--set", s]
     assert report.main([*args, *extra]) == 0
@@ -133,7 +133,7 @@ def test_also_eval_compares_rules_on_the_same_training_run(report, tmp_path, cap
 def test_import_run_files_a_cli_run_only_under_its_own_config(report, trained_run, tmp_path):
     from conftest import CLI_SMALL
 
-    overrides = {k: str(v) for k, v in {**CLI_SMALL, "max_env_step": 300}.items() if k != "exp_name"}
+    overrides = {k: str(v) for k, v in {**CLI_SMALL, "max_envstep": 300}.items() if k != "exp_name"}
     overrides["stop_value"] = "none"
     rec = report.import_run(trained_run, "cartpole_muzero", overrides)
     assert rec["seed"] == 1 and rec["preset"] == "cartpole_muzero" and len(rec["curve"]) == 3

@@ -139,7 +139,7 @@ def test_without_the_buffer_no_update_before_the_warmup_and_the_eval_index_conti
     del ckpt["resume"]["buffer"]
     warmup = 200
     cfg2 = _cfg(
-        tmp_path, max_env_step=core.counters.env_steps + 400, **{"learn.resume_warmup_transitions": warmup}
+        tmp_path, max_envstep=core.counters.env_steps + 400, **{"learn.resume_warmup_transitions": warmup}
     )
     rep = MemoryReporter()
     train_muzero_segment(cfg2, reporter=rep, resume_from=ckpt)

@@ -31,7 +31,7 @@ from muzero_tune.runs.checkpoint import latest_checkpoint, load_policy
 SMALL = {
     "model.hidden_dim": 32, "model.latent_dim": 16, "mcts.num_simulations": 4, "learn.batch_size": 32,
     "env.collector_env_num": 4, "env.evaluator_env_num": 2, "eval.n_episodes": 2, "eval.eval_freq": 20,
-    "replay.game_segment_length": 20, "max_env_step": 400, "stop_value": None, "logging.quiet": True,
+    "replay.game_segment_length": 20, "max_envstep": 400, "stop_value": None, "logging.quiet": True,
     "policy.lstm_horizon_len": 2,  # K = 5 unroll steps: resets inside every unroll and deep in the search
     "policy.lstm_hidden_size": 16,
 }
@@ -289,7 +289,7 @@ def test_registry_and_short_sync_run_writes_loadable_snapshot(tmp_path):
     cfg = make_config("cartpole_efficientzero",
                       overrides={**SMALL, "logging.output_dir": str(tmp_path), "exp_name": "s"})
     summary = train_muzero_segment(cfg)
-    assert summary.stop_reason == "max_env_step" and summary.train_iter > 0 and summary.evals
+    assert summary.stop_reason == "max_envstep" and summary.train_iter > 0 and summary.evals
     _check_snapshot(os.path.join(str(tmp_path), "s"), summary)
 
 
@@ -301,7 +301,7 @@ def test_short_async_run_writes_loadable_snapshot(ray_cluster, tmp_path, async_s
         "logging.output_dir": str(tmp_path), "exp_name": "a"})
     assert cfg.policy.async_pipeline.enabled
     summary = train_muzero_segment_async(cfg)
-    assert summary.stop_reason == "max_env_step" and summary.train_iter > 0 and summary.evals
+    assert summary.stop_reason == "max_envstep" and summary.train_iter > 0 and summary.evals
     _check_snapshot(os.path.join(str(tmp_path), "a"), summary)
 
 

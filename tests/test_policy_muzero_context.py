@@ -29,7 +29,7 @@ PRESET = "cartpole_muzero_context"
 SMALL = {
     "model.hidden_dim": 32, "model.latent_dim": 16, "mcts.num_simulations": 4, "learn.batch_size": 32,
     "env.collector_env_num": 4, "env.evaluator_env_num": 2, "eval.n_episodes": 2, "eval.eval_freq": 20,
-    "replay.game_segment_length": 20, "max_env_step": 400, "stop_value": None, "logging.quiet": True,
+    "replay.game_segment_length": 20, "max_envstep": 400, "stop_value": None, "logging.quiet": True,
 }
 L = 3  # context_length_init in the acting tests
 
@@ -208,7 +208,7 @@ def _check_snapshot(run_dir: str) -> None:
 def test_short_sync_run_writes_a_loadable_evaluated_snapshot(tmp_path):
     cfg = make_config(PRESET, overrides={**SMALL, "logging.output_dir": str(tmp_path), "exp_name": "s"})
     summary = train_muzero_segment(cfg)
-    assert summary.stop_reason == "max_env_step" and summary.train_iter > 0 and summary.evals
+    assert summary.stop_reason == "max_envstep" and summary.train_iter > 0 and summary.evals
     _check_snapshot(os.path.join(str(tmp_path), "s"))
 
 

@@ -34,7 +34,7 @@ SMALL = {
     "eval.n_episodes": 2,
     "eval.eval_freq": 200,
     "replay.game_segment_length": 20,
-    "max_env_step": 400,
+    "max_envstep": 400,
     "stop_value": None,
     "logging.quiet": True,
     "policy.num_samples": K,
@@ -226,7 +226,7 @@ def test_short_sync_run_on_pendulum(tmp_path, preset):
 
     cfg = make_config(preset, overrides={**SMALL, "logging.output_dir": str(tmp_path), "exp_name": "s"})
     summary = train_muzero_segment(cfg)
-    assert summary.stop_reason == "max_env_step" and summary.train_iter > 0 and summary.evals
+    assert summary.stop_reason == "max_envstep" and summary.train_iter > 0 and summary.evals
     assert all(-2000 < e["reward_mean"] <= 0 for e in summary.evals)  # Pendulum returns
     _check_snapshot(os.path.join(str(tmp_path), "s"), cfg.policy.type)
 

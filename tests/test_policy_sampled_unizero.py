@@ -44,7 +44,7 @@ SMALL = {
     "eval.n_episodes": 2,
     "eval.eval_freq": 200,
     "replay.game_segment_length": 20,
-    "max_env_step": 400,
+    "max_envstep": 400,
     "env.max_episode_steps": 50,  # short Pendulum episodes: returns in [-820, 0]
     "eval.max_episode_steps": 50,
     "stop_value": None,
@@ -351,7 +351,7 @@ def test_short_sync_run_on_pendulum(tmp_path):
                                          "replay.buffer_reanalyze_freq": 1.0, "replay.reanalyze_ratio": 0.25,
                                          "replay.reanalyze_batch_size": 8})  # fmt: skip
     summary = train_muzero_segment(cfg)
-    assert summary.stop_reason == "max_env_step" and summary.train_iter > 0 and summary.evals
+    assert summary.stop_reason == "max_envstep" and summary.train_iter > 0 and summary.evals
     assert all(-900 < e["reward_mean"] <= 0 for e in summary.evals)  # 50-step Pendulum returns
     _check_snapshot(os.path.join(str(tmp_path), "s"))
 

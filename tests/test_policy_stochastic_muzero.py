@@ -30,7 +30,7 @@ ENV_PRESET = "stochastic_cartpole_stochastic_muzero"
 SMALL = {
     "model.hidden_dim": 32, "model.latent_dim": 16, "mcts.num_simulations": 4, "learn.batch_size": 32,
     "env.collector_env_num": 4, "env.evaluator_env_num": 2, "eval.n_episodes": 2, "eval.eval_freq": 20,
-    "replay.game_segment_length": 20, "max_env_step": 400, "stop_value": None, "logging.quiet": True,
+    "replay.game_segment_length": 20, "max_envstep": 400, "stop_value": None, "logging.quiet": True,
     "policy.chance_space_size": 4,
 }
 DECISION, CHANCE = 0, 1
@@ -375,7 +375,7 @@ def test_registry_and_short_sync_run_on_the_stochastic_env(tmp_path):
     cfg = make_config(ENV_PRESET, overrides={**SMALL, "logging.output_dir": str(tmp_path), "exp_name": "s"})
     assert cfg.env.env_id == STOCHASTIC_CARTPOLE_ID
     summary = train_muzero_segment(cfg)
-    assert summary.stop_reason == "max_env_step" and summary.train_iter > 0 and summary.evals
+    assert summary.stop_reason == "max_envstep" and summary.train_iter > 0 and summary.evals
     _check_snapshot(os.path.join(str(tmp_path), "s"), summary)
 
 
@@ -386,7 +386,7 @@ def test_short_async_run_writes_loadable_snapshot(ray_cluster, tmp_path, async_s
         **async_small, "policy.chance_space_size": 4, "logging.output_dir": str(tmp_path), "exp_name": "a"})
     assert cfg.policy.async_pipeline.enabled
     summary = train_muzero_segment_async(cfg)
-    assert summary.stop_reason == "max_env_step" and summary.train_iter > 0 and summary.evals
+    assert summary.stop_reason == "max_envstep" and summary.train_iter > 0 and summary.evals
     _check_snapshot(os.path.join(str(tmp_path), "a"), summary)
 
 

@@ -42,7 +42,7 @@ SMALL = {
     "eval.n_episodes": 2,
     "eval.eval_freq": 20,
     "replay.game_segment_length": 20,
-    "max_env_step": 400,
+    "max_envstep": 400,
     "stop_value": None,
     "logging.quiet": True,
 }
@@ -569,7 +569,7 @@ def test_short_sync_run(tmp_path, driver_calls, monkeypatch):
         PRESET, overrides={**SMALL, **RUN, "logging.output_dir": str(tmp_path), "exp_name": "u"}
     )
     summary = train_muzero_segment(cfg)
-    assert summary.stop_reason == "max_env_step" and summary.train_iter > 0 and summary.evals
+    assert summary.stop_reason == "max_envstep" and summary.train_iter > 0 and summary.evals
     assert all(math.isfinite(e["reward_mean"]) for e in summary.evals)
     _check_driver_calls(driver_calls, learners[0], summary.train_iter)
     _check_snapshot(os.path.join(str(tmp_path), "u"))

@@ -39,7 +39,7 @@ def copy_run(trained_run: str, tmp_path) -> str:
 
 @pytest.fixture(scope="module")
 def resumed(trained_run, tmp_path_factory):
-    """The trained run resumed through the CLI: max_env_step raised, warm-up lowered so it trains."""
+    """The trained run resumed through the CLI: max_envstep raised, warm-up lowered so it trains."""
     tmp = tmp_path_factory.mktemp("resumed")
     run = copy_run(trained_run, tmp)
     before = rows(run)
@@ -49,7 +49,7 @@ def resumed(trained_run, tmp_path_factory):
             "--resume",
             run,
             "--set",
-            "max_env_step=500",
+            "max_envstep=500",
             "--set",
             "learn.resume_warmup_transitions=64",
         ],
@@ -64,8 +64,8 @@ def test_resume_continues_the_run_in_its_folder_with_its_own_config(resumed, tra
     cfg = config(run)
     # the checkpoint's config, not the default preset's: seed 1, the tiny network, 4 simulations
     assert (cfg["seed"], cfg["model.hidden_dim"], cfg["mcts.num_simulations"]) == (1, 32, 4)
-    assert cfg["max_env_step"] == 500 and config(trained_run)["max_env_step"] == 300
-    assert "changed: max_env_step 300 -> 500, learn.resume_warmup_transitions 1000 -> 64" in res.stderr
+    assert cfg["max_envstep"] == 500 and config(trained_run)["max_envstep"] == 300
+    assert "changed: max_envstep 300 -> 500, learn.resume_warmup_transitions 1000 -> 64" in res.stderr
     after = rows(run)
     assert after[: len(before)] == before
     assert [r["eval_index"] for r in after] == list(range(1, len(after) + 1)) and len(after) > len(before)
@@ -93,7 +93,7 @@ def test_a_second_run_with_the_same_name_is_refused_and_overwrite_replaces_it(tr
         *set_args(
             {
                 **CLI_SMALL,
-                "max_env_step": 60,
+                "max_envstep": 60,
                 "exp_name": "tiny",
                 "logging.output_dir": str(tmp_path / "runs"),
             }
@@ -128,7 +128,7 @@ def test_a_damaged_newest_checkpoint_is_named_and_the_newest_intact_one_resumed(
             "--resume",
             run,
             "--set",
-            "max_env_step=400",
+            "max_envstep=400",
             "--set",
             "learn.resume_warmup_transitions=32",
         ],
@@ -156,7 +156,7 @@ def test_resume_from_an_eval_file_with_a_new_exp_name_branches_into_a_new_folder
             "--set",
             f"logging.output_dir={tmp_path}/runs",
             "--set",
-            "max_env_step=340",
+            "max_envstep=340",
             "--set",
             "learn.resume_warmup_transitions=32",
         ],
@@ -206,7 +206,7 @@ def test_standalone_runs_log_to_mlflow_by_env_steps_and_compare_reads_them(train
             *set_args(
                 {
                     **CLI_SMALL,
-                    "max_env_step": 100,
+                    "max_envstep": 100,
                     "exp_name": "ml",
                     "logging.output_dir": str(out),
                     "logging.mlflow": True,

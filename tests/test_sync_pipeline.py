@@ -33,7 +33,7 @@ SMALL = {
     "eval.n_episodes": 2,
     "eval.eval_freq": 20,
     "replay.game_segment_length": 20,
-    "max_env_step": 400,
+    "max_envstep": 400,
     "stop_value": None,
     "logging.quiet": True,
 }
@@ -49,7 +49,7 @@ def run(tmp_path_factory):
 
 def test_short_run_completes_trains_and_writes_loadable_checkpoints(run):
     cfg, summary, run_dir = run
-    assert summary.stop_reason == "max_env_step" and summary.env_steps >= 400
+    assert summary.stop_reason == "max_envstep" and summary.env_steps >= 400
     assert summary.train_iter > 0 and len(summary.evals) >= 2
     files = sorted(os.listdir(os.path.join(run_dir, "ckpt")))
     assert len(files) == len(summary.evals)
@@ -83,7 +83,7 @@ def test_resume_continues_counters_exactly(run):
         "cartpole_muzero",
         overrides={
             **SMALL,
-            "max_env_step": summary.env_steps + 200,
+            "max_envstep": summary.env_steps + 200,
             "learn.resume_warmup_transitions": 64,
             "logging.output_dir": os.path.dirname(run_dir),
             "exp_name": "t_resumed",
@@ -131,7 +131,7 @@ def test_sync_pipeline_never_starts_ray(tmp_path):
     code = (
         "import sys; from muzero_tune.config import make_config;"
         "from muzero_tune.pipeline.sync_driver import train_muzero_segment;"
-        f"cfg = make_config('cartpole_muzero', overrides={{**{SMALL!r}, 'max_env_step': 100,"
+        f"cfg = make_config('cartpole_muzero', overrides={{**{SMALL!r}, 'max_envstep': 100,"
         f" 'logging.output_dir': {str(tmp_path)!r}}});"
         "train_muzero_segment(cfg); print('ray' in sys.modules)"
     )
@@ -142,10 +142,10 @@ def test_sync_pipeline_never_starts_ray(tmp_path):
 
 def test_cli_train_smoke(tmp_path, capsys):
     args = ["train", "--preset", "cartpole_muzero", "--set", f"logging.output_dir={tmp_path}"]
-    for k, v in {**SMALL, "max_env_step": 100}.items():
+    for k, v in {**SMALL, "max_envstep": 100}.items():
         args += ["--set", f"{k}={'none' if v is None else v}"]
     assert cli_main(args) == 0
-    assert "stopped (max_env_step)" in capsys.readouterr().out
+    assert "stopped (max_envstep)" in capsys.readouterr().out
     assert cli_main(["train", "--set", "learn.batch_siz=3"]) == 2
 
 
@@ -228,7 +228,7 @@ PENDULUM_UNIT = {
     **SMALL,
     "env.env_id": "Pendulum-v1",
     "policy.type": "sampled_muzero",
-    "max_env_step": 300,
+    "max_envstep": 300,
     "env.max_episode_steps": 50,
     "eval.eval_freq": 10,
     "replay.buffer_reanalyze_freq": 0,
@@ -283,7 +283,7 @@ def test_continuous_async_local_mode_carries_unit_actions(tmp_path, monkeypatch)
     )
     out: list = []
     summary = train_muzero_segment_async(cfg, reporter=MemoryReporter(), driver_out=out)
-    assert summary.stop_reason == "max_env_step" and summary.train_iter > 0 and summary.evals
+    assert summary.stop_reason == "max_envstep" and summary.train_iter > 0 and summary.evals
     k = cfg.replay.num_unroll_steps
     assert set(UnitActionPolicy.seen_batch_actions) == {((16, k, 1), "float32", (16, k + 1, 1, 1))}
     segs = out[0].core.buffer.segments

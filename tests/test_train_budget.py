@@ -62,7 +62,7 @@ def test_sync_run_trains_exactly_the_carried_budgets_and_reanalyzes_freq_times_e
     trains exactly its budget (0 included) and runs buffer_reanalyze_freq=2 reanalyze calls."""
     cfg = make_config("cartpole_muzero", overrides={
         **SMALL, "learn.replay_ratio": 0.02, "replay.buffer_reanalyze_freq": 2,
-        "replay.reanalyze_batch_size": 4, "max_env_step": 600, "logging.output_dir": str(tmp_path),
+        "replay.reanalyze_batch_size": 4, "max_envstep": 600, "logging.output_dir": str(tmp_path),
         "exp_name": "budget",
     })
     reporter = MemoryReporter()

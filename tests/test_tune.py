@@ -28,7 +28,7 @@ def tiny(storage, **extra) -> dict:
     return {
         "model.hidden_dim": 32, "model.latent_dim": 16, "mcts.num_simulations": 4, "learn.batch_size": 32,
         "env.collector_env_num": 4, "env.evaluator_env_num": 2, "eval.n_episodes": 2, "eval.eval_freq": 20,
-        "replay.game_segment_length": 20, "max_env_step": 600, "stop_value": None, "logging.quiet": True,
+        "replay.game_segment_length": 20, "max_envstep": 600, "stop_value": None, "logging.quiet": True,
         "tune.storage_path": str(storage), **extra,
     }
 
@@ -97,7 +97,7 @@ def async_sweep(ray_cluster, tmp_path_factory):
     storage = tmp_path_factory.mktemp("tune_async")
     # 400 env steps: 100 train steps, 5 reports a trial (every check below needs 2)
     return run_sweep(
-        "quickstart", overrides=tiny(storage, max_env_step=400), max_concurrent=4, name="sync_vs_async",
+        "quickstart", overrides=tiny(storage, max_envstep=400), max_concurrent=4, name="sync_vs_async",
         param_space_extra={AP + "weight_sync_interval": 4, AP + "max_policy_lag": 8},
     )
 
@@ -117,7 +117,7 @@ def sync_fault(ray_cluster, tmp_path_factory):
     storage = tmp_path_factory.mktemp("tune_fault")
     # 400 env steps: 100 train steps, 5 reports (the test needs the fault after report 2 and 4 reports)
     fault_cfg = {"tune.max_failures": 1, "tune.checkpoint_num_to_keep": None, "tune.save_replay_buffer": True,
-                 "max_env_step": 400}
+                 "max_envstep": 400}
     cfg = make_config("cartpole_muzero", overrides=tiny(storage, **fault_cfg))
     name = "fault"
     uri = default_tracking_uri(str(storage))
@@ -265,7 +265,7 @@ def test_optuna_sweep_over_the_policy_lag_space_runs_its_trials_to_completion(ra
     from muzero_tune.tune.sweep import run_sweep
 
     res = run_sweep("policy_lag_optuna", samples=3, max_concurrent=2, name="optuna",
-                    overrides=tiny(tmp_path, max_env_step=200))  # 50 train steps: 2 reports + the final one
+                    overrides=tiny(tmp_path, max_envstep=200))  # 50 train steps: 2 reports + the final one
     results = res.results
     assert len(results) == 3
     assert results.num_errors == 0 and results.num_terminated == 3
@@ -564,7 +564,7 @@ def test_cli_eval_and_resume_accept_tune_trial_paths_and_an_async_trial_resumes_
     ckpt = load_checkpoint(newest)
     counters = ckpt["resume"]["counters"]
     args = ["train", "--resume", os.path.dirname(newest), "--set", f"logging.output_dir={tmp_path}",
-            "--set", "exp_name=from_trial", "--set", f"max_env_step={counters['env_steps'] + 60}",
+            "--set", "exp_name=from_trial", "--set", f"max_envstep={counters['env_steps'] + 60}",
             "--set", "learn.resume_warmup_transitions=16"]
     assert cli_main(args) == 0
     err = capsys.readouterr().err

@@ -40,7 +40,7 @@ def tiny(storage) -> dict:
     return {
         "model.hidden_dim": 32, "model.latent_dim": 16, "mcts.num_simulations": 4, "learn.batch_size": 32,
         "env.collector_env_num": 4, "env.evaluator_env_num": 2, "eval.n_episodes": 2, "eval.eval_freq": 20,
-        "replay.game_segment_length": 20, "max_env_step": MAX_ENV_STEP, "stop_value": None,
+        "replay.game_segment_length": 20, "max_envstep": MAX_ENV_STEP, "stop_value": None,
         "logging.quiet": True, "tune.storage_path": str(storage), "tune.checkpoint_num_to_keep": None,
         "learn.resume_warmup_transitions": 100,
     }

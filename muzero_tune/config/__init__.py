@@ -15,7 +15,9 @@ It must never import torch, Ray or gymnasium at module load: the CLI's ``--help`
 """
 
 from muzero_tune.config.overrides import (
+    RENAMED_KEYS,
     apply_overrides,
+    current_key,
     describe_fields,
     flatten,
     from_flat_dict,
@@ -66,9 +68,11 @@ __all__ = [
     "POLICY_TYPES",
     "PRESETS",
     "PolicyConfig",
+    "RENAMED_KEYS",
     "ReplayConfig",
     "TuneConfig",
     "apply_overrides",
+    "current_key",
     "describe_fields",
     "flatten",
     "from_flat_dict",

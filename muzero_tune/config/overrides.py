@@ -1,5 +1,6 @@
 """Dotted overrides: the one path every change of a setting takes (preset, YAML, ``--set``, a Tune
-``param_space``), type coercion, flat dicts, YAML loading, and the generated field listing.
+``param_space``, a checkpoint's stored config), type coercion, renamed keys, flat dicts, YAML loading, and
+the generated field listing.
 """
 
 from __future__ import annotations
@@ -8,13 +9,31 @@ import dataclasses
 import difflib
 import types
 import typing
+import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import yaml
 
 from muzero_tune.config.schema import ExperimentConfig
-from muzero_tune.errors import ConfigError, PathError, UserError
+from muzero_tune.errors import ConfigError, ConfigWarning, PathError, UserError
+
+# a setting's former dotted name -> its name now: still read (YAML files, --set, Tune configs, the configs
+# stored in checkpoints and run folders) with a ConfigWarning naming the new one
+RENAMED_KEYS: dict[str, str] = {
+    "max_env_step": "max_envstep",
+}
+
+
+def current_key(key: str, *, warn: bool = True) -> str:
+    """``key``'s name now (itself unless :data:`RENAMED_KEYS` holds it; a ConfigWarning if it does)."""
+    new = RENAMED_KEYS.get(key)
+    if new is None:
+        return key
+    if warn:
+        warnings.warn(f"config key '{key}' is now '{new}'; the old name still works for now", ConfigWarning,
+                      stacklevel=3)  # fmt: skip
+    return new
 
 # ---------------------------------------------------------------------------------------------- overrides
 
@@ -136,8 +155,10 @@ def apply_overrides(cfg: ExperimentConfig, overrides: Mapping[str, Any]) -> Expe
 
     Values may be typed (YAML, Tune) or strings (``--set``), which are parsed as YAML scalars.
     Unknown keys and ill-typed values raise :class:`ConfigError`; ranges are checked by :func:`validate`.
+    A renamed key (:data:`RENAMED_KEYS`) sets its new name, with a :class:`ConfigWarning`.
     """
     for key, value in overrides.items():
+        key = current_key(key)
         cfg = _set(cfg, key.split("."), value, key)
     return cfg
 

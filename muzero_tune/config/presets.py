@@ -41,7 +41,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "collect.temperature": 1.0,
         "eval.eval_freq": 200,
         "eval.n_episodes": 8,
-        "max_env_step": 30_000,
+        "max_envstep": 30_000,
         "stop_value": 195.0,
     },
     # The other discrete policy types on CartPole: the MuZero preset with the type switched (see below).
@@ -86,7 +86,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "learn.device": "auto",
         "eval.eval_freq": 2_000,
         "eval.n_episodes": 3,
-        "max_env_step": 1_000_000,
+        "max_envstep": 1_000_000,
         "stop_value": 20.0,
     },
 }
@@ -116,7 +116,7 @@ PRESETS["stochastic_cartpole_stochastic_muzero"] = {
     **PRESETS["cartpole_stochastic_muzero"],
     "exp_name": "stochastic_cartpole_stochastic_muzero",
     "env.env_id": "muzero_tune/StochasticCartPole-v1",
-    "max_env_step": 50_000,
+    "max_envstep": 50_000,
     "stop_value": 195.0,
 }
 
@@ -169,7 +169,7 @@ PRESETS["pendulum_sampled_efficientzero"] = {
     "learn.replay_ratio": 0.25,
     "eval.eval_freq": 2_000,
     "eval.n_episodes": 8,
-    "max_env_step": 50_000,
+    "max_envstep": 50_000,
     "stop_value": -250.0,
 }
 PRESETS["pendulum_sampled_muzero"] = {
@@ -186,7 +186,7 @@ PRESETS["lunarlander_cont_sampled_efficientzero"] = {
     "model.reward_support_size": 50,  # shaping rewards up to +-100 (crash / landing)
     "replay.td_steps": 10,
     "eval.eval_freq": 10_000,
-    "max_env_step": 1_000_000,
+    "max_envstep": 1_000_000,
     "stop_value": 200.0,
 }
 PRESETS["inverted_pendulum_sampled_efficientzero"] = {
@@ -197,7 +197,7 @@ PRESETS["inverted_pendulum_sampled_efficientzero"] = {
     "model.reward_support_size": 5,
     "replay.td_steps": 10,
     "eval.eval_freq": 2_000,
-    "max_env_step": 30_000,
+    "max_envstep": 30_000,
     "stop_value": 950.0,
 }
 # Discrete sampled search: CartPole with K = |A| = 2 (every action sampled), Pong with K = 3 of its 6 actions.
@@ -325,7 +325,7 @@ PRESETS["acrobot_muzero"] = {
     "model.value_support_size": 20,  # h(100) = 9.1
     "model.reward_support_size": 5,
     "eval.eval_freq": 2_000,  # every 4k env steps: an unsolved evaluation is 8 x 500 steps
-    "max_env_step": 50_000,
+    "max_envstep": 50_000,
     "stop_value": -100.0,
 }
 # LunarLander-v3, discrete (4 actions; the box2d extra): shaped rewards, about +-100 at a crash or a landing,
@@ -340,7 +340,7 @@ PRESETS["lunarlander_muzero"] = {
     "model.reward_support_size": 10,
     "replay.td_steps": 10,
     "eval.eval_freq": 2_500,
-    "max_env_step": 150_000,
+    "max_envstep": 150_000,
     "stop_value": 100.0,
 }
 PRESETS["lunarlander_efficientzero"] = {
@@ -358,7 +358,7 @@ for _ptype in ("muzero_rnn_full_obs", "muzero_context", "unizero", "muzero"):
         "exp_name": f"cartpole_novel_{_ptype}",
         "env.env_id": "muzero_tune/CartPoleNoVel-v1",
         "env.frame_stack": 1,
-        "max_env_step": 50_000,
+        "max_envstep": 50_000,
         "stop_value": 195.0,
     }
 

@@ -431,7 +431,7 @@ class ExperimentConfig:
 
     exp_name: str = param("cartpole_muzero", "run name; outputs go under <logging.output_dir>/<exp_name>/")
     seed: int = param(0, "seed of environments, search and learner", ge=0)
-    max_env_step: int = param(100_000, "stop after this many env steps", ge=1)
+    max_envstep: int = param(100_000, "stop after this many env steps", ge=1)
     max_train_iter: int = param(1_000_000, "stop after this many train steps", ge=1)
     stop_value: float | None = param(195.0, "stop when eval reward_mean reaches this (None: never)")
     max_wall_s: float | None = param(

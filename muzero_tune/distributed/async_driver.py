@@ -278,7 +278,7 @@ class AsyncDriver:
             raise ActorFailureError(
                 f"{slot.kind} actor {slot.index} failed ({why}) and its restarts are exhausted "
                 f"({slot.restarts} of policy.async_pipeline.max_actor_restarts="
-                f"{self.ap.max_actor_restarts}); the run stopped at env_steps={self.core.counters.env_steps} "
+                f"{self.ap.max_actor_restarts}); the run stopped at envstep={self.core.counters.env_steps} "
                 f"train_iter={self.core.train_iter}; "
                 f"its last checkpoint is intact"
             )
@@ -370,7 +370,7 @@ class AsyncDriver:
 
     def _maybe_launch_collects(self) -> None:
         c = self.core.counters
-        if self.stop_requested or c.env_steps >= self.cfg.max_env_step:
+        if self.stop_requested or c.env_steps >= self.cfg.max_envstep:
             return
         if schedule.backpressure(
             queued_budgets=len(self.budgets),
@@ -553,9 +553,9 @@ class AsyncDriver:
             return "max_train_iter"
         if core.out_of_time():
             return "max_wall_s"
-        if core.counters.env_steps >= self.cfg.max_env_step and not self.collects:
+        if core.counters.env_steps >= self.cfg.max_envstep and not self.collects:
             if not self.budgets or not core.trainable():
-                return "max_env_step"
+                return "max_envstep"
         return None
 
     def run(self) -> RunSummary:
@@ -630,7 +630,7 @@ def train_muzero_segment_async(
     fault: FaultSpec | None = None,
     driver_out: list | None = None,
 ) -> RunSummary:
-    """Train with the async pipeline (Ray actors) until stop_value, max_env_step or max_train_iter.
+    """Train with the async pipeline (Ray actors) until stop_value, max_envstep or max_train_iter.
 
     Standalone it starts Ray if needed and creates its own placement group; inside a Tune trial it uses
     the trial's group. ``fault`` injects failures into chosen actors (tests, drills). ``driver_out``, if

@@ -28,7 +28,7 @@ def train_muzero_segment(
     reporter: Reporter | None = None,
     resume_from: str | dict | None = None,
 ) -> RunSummary:
-    """Train with the sync pipeline until stop_value, max_env_step or max_train_iter.
+    """Train with the sync pipeline until stop_value, max_envstep or max_train_iter.
 
     ``resume_from``: a checkpoint path (or loaded checkpoint dict) whose ``resume`` state is continued
     with exact counters.
@@ -45,7 +45,7 @@ def train_muzero_segment(
     evaluator = Evaluator(cfg, core.policy, core.spec, seed=cfg.seed + EVAL_SEED_OFFSET)
     eval_model = copy.deepcopy(core.learner.model)
     evals: list[dict] = []
-    stop_reason = "max_env_step"
+    stop_reason = "max_envstep"
     timings = {"collect_s": 0.0, "train_s": 0.0, "eval_s": 0.0}
 
     def evaluate() -> bool:
@@ -70,8 +70,8 @@ def train_muzero_segment(
                 stop_reason, core.counters.env_steps, core.train_iter, evals, core.wall_s(), timings
             )
         while True:
-            if core.counters.env_steps >= cfg.max_env_step:
-                stop_reason = "max_env_step"
+            if core.counters.env_steps >= cfg.max_envstep:
+                stop_reason = "max_envstep"
                 break
             if core.train_iter >= cfg.max_train_iter:
                 stop_reason = "max_train_iter"

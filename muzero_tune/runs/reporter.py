@@ -30,7 +30,7 @@ class Reporter(Protocol):
 
 def format_progress(m: dict) -> str:
     parts = [
-        f"env_steps={m.get('envstep', 0):>8d}",
+        f"envstep={m.get('envstep', 0):>8d}",
         f"envstep/s={m.get('envstep_per_s', 0.0):7.1f}",
         f"train_iter={m.get('train_iter', 0):>7d}",
         f"buffer={m.get('buffer/transitions', 0):>7d}",

@@ -184,7 +184,7 @@ def run_trial(
         status = "FINISHED"
         print(
             f"[muzero-tune] trial {ctx.get_trial_name()} stopped ({summary.stop_reason}): "
-            f"env_steps={summary.env_steps} train_iter={summary.train_iter}",
+            f"envstep={summary.env_steps} train_iter={summary.train_iter}",
             flush=True,
         )
     finally:

@@ -210,7 +210,7 @@ def absorb(cfg, n_collectors: int, wall_s: float, out_dir: str) -> dict:
 
     cfg = apply_overrides(cfg, {
         "policy.async_pipeline.enabled": True, "policy.async_pipeline.num_collector_actors": n_collectors,
-        "max_wall_s": None, "max_env_step": 10**9, "eval.eval_freq": 10**9, "logging.output_dir": out_dir,
+        "max_wall_s": None, "max_envstep": 10**9, "eval.eval_freq": 10**9, "logging.output_dir": out_dir,
         "exp_name": f"absorb{n_collectors}", "logging.quiet": True,
     })  # fmt: skip
     driver = AsyncDriver(cfg, MemoryReporter())

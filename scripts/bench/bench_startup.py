@@ -43,7 +43,7 @@ def timed_train_step(self):
 
 DriverCore.train_step = timed_train_step
 cfg = make_config(preset, overrides={
-    "logging.quiet": True, "logging.output_dir": out_dir, "exp_name": pipeline, "max_env_step": 1500,
+    "logging.quiet": True, "logging.output_dir": out_dir, "exp_name": pipeline, "max_envstep": 1500,
     "stop_value": None, "policy.async_pipeline.enabled": pipeline == "async",
 })
 T0 = time.monotonic()

@@ -56,7 +56,7 @@ def run(
 
     common = {
         "stop_value": None,
-        "max_env_step": 10**9,
+        "max_envstep": 10**9,
         "max_wall_s": wall_s,
         "eval.eval_freq": 10**9,
         "logging.quiet": True,

@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
             overrides={
                 **overrides,
                 "max_wall_s": args.wall_s,
-                "max_env_step": 10**9,
+                "max_envstep": 10**9,
                 "stop_value": None,
                 "logging.quiet": True,
                 "logging.output_dir": storage,

@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         evals = [metrics]
     else:
         cfg = make_config(args.preset, overrides={
-            "seed": args.seed, "max_env_step": args.env_steps, "stop_value": None, "logging.quiet": True,
+            "seed": args.seed, "max_envstep": args.env_steps, "stop_value": None, "logging.quiet": True,
             "logging.output_dir": args.output_dir, **parse_set_args(args.overrides)})
         rep = MemoryReporter()
         train_muzero_segment(cfg, reporter=rep)
