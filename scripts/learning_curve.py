@@ -75,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
     p.add_argument("--output-dir", default="runs/learning_curve")
-    p.add_argument("--max-envstep", "--max-envstep", dest="max_envstep", type=int, default=30_000, help="the goal's env-step budget per seed")
+    p.add_argument("--max-envstep", "--max-env-steps", dest="max_envstep", type=int, default=30_000,
+                   help="the goal's env-step budget per seed")
     p.add_argument("--max-wall-s", type=float, default=600.0, help="the goal's wall-clock budget per seed")
     args = p.parse_args(argv)
     rows = []

@@ -457,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE",
                    help="applied to every cell (stored with it)")
     p.add_argument("--output-dir", default="runs/learning_report")
-    p.add_argument("--max-envstep", "--max-envstep", dest="max_envstep", type=int, default=None,
+    p.add_argument("--max-envstep", "--max-env-steps", dest="max_envstep", type=int, default=None,
                    help="env-step budget per cell (default: each preset's max_envstep)")
     p.add_argument("--max-wall-s", type=float, default=None, help="wall budget per cell (default: none)")
     p.add_argument("--also-eval", action="append", default=[], metavar="KEY=VALUE",
