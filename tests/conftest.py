@@ -81,7 +81,7 @@ class DriverProbe(list):
 
     def append(self, driver) -> None:  # type: ignore[override]
         super().append(driver)
-        on_collect, on_eval, spawn = driver._on_collect, driver._on_eval, driver._spawn
+        on_collect, on_eval, spawn = driver.on_collect, driver.on_eval, driver.actors.spawn
 
         def _on_collect(launch, result):
             self.collects.append({
@@ -101,9 +101,9 @@ class DriverProbe(list):
             spawn(slot)
             self.pings.append(slot.handle.ping.remote())
 
-        driver._on_collect, driver._on_eval, driver._spawn = _on_collect, _on_eval, _spawn
+        driver.on_collect, driver.on_eval, driver.actors.spawn = _on_collect, _on_eval, _spawn
         # the actors the driver created while it was being built (its collectors boot beside its learner)
-        self.pings += [s.handle.ping.remote() for s in driver.collectors + driver.evaluators if s.handle]
+        self.pings += [s.handle.ping.remote() for s in driver.actors.slots if s.handle]
 
     @property
     def driver(self):

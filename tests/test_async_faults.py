@@ -29,7 +29,7 @@ def _assert_nothing_partial_was_pushed(run) -> None:
 def _assert_cleaned_up(run, ray, alive_after) -> None:
     """The placement group is removed and no incarnation of any actor is still running."""
     pings = run.probe.actor_pings()
-    assert len(pings) >= len(run.driver.collectors) + len(run.driver.evaluators)
+    assert len(pings) >= len(run.driver.actors.collectors) + len(run.driver.actors.evaluators)
     assert ray.util.placement_group_table(run.driver.placement.placement_group)["state"] == "REMOVED"
     assert not alive_after({p["pid"] for p in pings})
 

@@ -70,25 +70,25 @@ def test_collectors_and_evaluators_use_the_published_weights_bit_for_bit(basic):
     d, st = basic.driver, basic.stats
     assert st.digest_mismatches == 0
     for r in basic.probe.collects:
-        assert r["digest"] and r["digest"] == d.digests[r["version"]]
+        assert r["digest"] and r["digest"] == d.weights.digests[r["version"]]
         assert r["version"] == r["launch_version"]  # the version fixed at launch is the one reported
     assert basic.probe.evals
     for r in basic.probe.evals:
-        assert r["digest"] and r["digest"] == d.digests[r["version"]]
+        assert r["digest"] and r["digest"] == d.weights.digests[r["version"]]
     for path in _ckpts(basic.run_dir):  # the checkpoint holds exactly the evaluated weights
         ev = torch.load(path, weights_only=True)["evaluated"]
-        assert weights_digest(ev["weights"]) == d.digests[ev["version"]]
+        assert weights_digest(ev["weights"]) == d.weights.digests[ev["version"]]
 
 
 def test_actor_counts_placement_and_cleanup(basic, ray_cluster, alive_after):
     ray, d = ray_cluster, basic.driver
     pg = d.placement.placement_group
-    pids = {a["pid"] for a in d.actor_info}
+    pids = {a["pid"] for a in d.actors.actor_info}
     assert len(pids) == 3 and os.getpid() not in pids  # num_collector_actors=2 + num_evaluator_actors=1
-    assert sorted((a["actor_id"]) for a in d.actor_info) == [0, 0, 1]
+    assert sorted((a["actor_id"]) for a in d.actors.actor_info) == [0, 0, 1]
     assert {r["actor_id"] for r in basic.probe.collects} == {0, 1}  # results from every collector
     assert {r["slot"] for r in basic.probe.collects} == {0, 1}
-    assert all(a["placement_group_id"] == pg.id.hex() for a in d.actor_info)
+    assert all(a["placement_group_id"] == pg.id.hex() for a in d.actors.actor_info)
     assert ray.util.placement_group_table(pg)["bundles"] == {i: {"CPU": 1.0} for i in range(4)}
     assert _pg_state(ray, pg) == "REMOVED"
     assert not alive_after(pids)
@@ -170,7 +170,7 @@ def test_evaluators_eval_at_start_stats_interval_and_chunk(run_async, tmp_path, 
     st, rep, s = run.stats, run.reporter, run.summary
     why = f"{st} train_iter={s.train_iter} progress_rows={len(rep.progress)}"  # shown if an assert fails
     # num_evaluator_actors=2 (+1 collector): three processes, and both evaluators evaluated
-    pids = {a["pid"] for a in run.driver.actor_info}
+    pids = {a["pid"] for a in run.driver.actors.actor_info}
     assert len(pids) == 3
     assert {r["actor_id"] for r in run.probe.evals} == {0, 1}, why
     # max_eval_inflight=1 although two evaluators are free
@@ -194,7 +194,7 @@ def test_poll_interval_s_is_the_idle_wait(tmp_path, async_config):
     for poll in (0.05, 1.0):
         d = AsyncDriver(async_config(tmp_path, {AP + "poll_interval_s": poll}), MemoryReporter())
         t0 = time.monotonic()
-        d._wait_any(d.ap.poll_interval_s)  # no actors: nothing pending, so it sleeps the whole interval
+        d.wait_any(d.ap.poll_interval_s)  # no actors: nothing pending, so it sleeps the whole interval
         took[poll] = time.monotonic() - t0
         assert took[poll] >= poll
         assert d.stats.idle_waits == 1 and d.stats.learner_idle_s == pytest.approx(took[poll], abs=0.2)
@@ -252,14 +252,14 @@ def test_shutdown_timeout_s_bounds_closing_hung_actors(ray_cluster, tmp_path, al
     d.placement = standalone_placement(cfg, learner_on_gpu=False, timeout_s=30)
     try:
         d.start_actors()
-        d._maybe_launch_collects()
+        d.launch_collects()
         (ref,) = list(d.collects)
         assert not ray.wait([ref], timeout=1.0)[0]  # the collect hangs in env.step
     finally:
         t0 = time.monotonic()
         d.shutdown()
         took = time.monotonic() - t0
-    pids = [a["pid"] for a in d.actor_info]
+    pids = [a["pid"] for a in d.actors.actor_info]
     assert timeout - 0.1 <= took < timeout + 10  # close() queued behind the hung collect: waited, then killed
     with pytest.raises(ray.exceptions.RayActorError):
         ray.get(ref, timeout=30)
@@ -279,17 +279,17 @@ def test_collectors_boot_beside_the_learner_and_evaluators_while_it_trains(ray_c
     placement = standalone_placement(cfg, learner_on_gpu=False, timeout_s=30)
     d = AsyncDriver(cfg, MemoryReporter(), placement=placement)
     try:
-        assert all(s.handle is not None for s in d.collectors)
-        assert all(s.handle is None for s in d.evaluators)
+        assert all(s.handle is not None for s in d.actors.collectors)
+        assert all(s.handle is None for s in d.actors.evaluators)
         d.start_actors()
-        assert [a["kind"] for a in d.actor_info] == ["collector", "collector"]
-        assert [s.index for s in d._starting.values()] == [0]  # the evaluator, booting
-        d._maybe_launch_eval(force=True)
+        assert [a["kind"] for a in d.actors.actor_info] == ["collector", "collector"]
+        assert [s.index for s in d.actors.booting.values()] == [0]  # the evaluator, booting
+        d.launch_eval(force=True)
         (launch,) = d.evals.values()
         launched_at = launch.t_launch
-        d._check_started(timeout=60)
-        assert not d._starting
-        assert sorted(a["kind"] for a in d.actor_info) == ["collector", "collector", "evaluator"]
+        d.check_started(timeout=60)
+        assert not d.actors.booting
+        assert sorted(a["kind"] for a in d.actors.actor_info) == ["collector", "collector", "evaluator"]
         assert launch.t_launch > launched_at  # its clock restarted when the evaluator was up
         (ref,) = d.evals
         assert ray_cluster.get(ref, timeout=120).policy_version == 0  # and it evaluated
@@ -302,10 +302,10 @@ def test_a_learner_that_fails_to_build_takes_its_booting_collectors_down(monkeyp
                                                                           async_config):
     """The collectors start before the learner is built: when that build raises, the error reaches the
     caller and the collectors and the run's placement group are gone."""
-    from muzero_tune.distributed import async_driver
+    from muzero_tune.distributed import actor_pool, async_driver
 
     spawned = []
-    spawn = async_driver.AsyncDriver._spawn
+    spawn = actor_pool.ActorPool.spawn
 
     def recording_spawn(self, slot):
         spawn(self, slot)
@@ -314,7 +314,7 @@ def test_a_learner_that_fails_to_build_takes_its_booting_collectors_down(monkeyp
     def broken_core(*args, **kwargs):
         raise RuntimeError("the learner could not be built")
 
-    monkeypatch.setattr(async_driver.AsyncDriver, "_spawn", recording_spawn)
+    monkeypatch.setattr(actor_pool.ActorPool, "spawn", recording_spawn)
     monkeypatch.setattr(async_driver, "DriverCore", broken_core)
     before = set(ray_cluster.util.placement_group_table())
     with pytest.raises(RuntimeError, match="the learner could not be built"):
@@ -340,7 +340,7 @@ def test_ray_local_mode_runs_actors_in_the_driver_process(tmp_path, async_small)
         "s = train_muzero_segment_async(cfg, reporter=MemoryReporter(), driver_out=out)\n"
         "import ray\n"
         "st = out[0].stats\n"
-        "print(json.dumps({'pid': os.getpid(), 'actors': out[0].actor_info, 'stop': s.stop_reason,\n"
+        "print(json.dumps({'pid': os.getpid(), 'actors': out[0].actors.actor_info, 'stop': s.stop_reason,\n"
         "                  'evals': len(s.evals), 'train_iter': s.train_iter,\n"
         "                  'ray_up': ray.is_initialized(), 'mismatches': st.digest_mismatches,\n"
         "                  'results': st.results}))\n"

@@ -75,12 +75,12 @@ def test_spread_puts_the_actors_on_other_nodes_and_data_crosses_them_unchanged(t
     )
     driver, st = probe.driver, probe.driver.stats
     assert summary.stop_reason == "max_envstep" and summary.train_iter > 0
-    nodes = [i["node_id"] for i in driver.actor_info]  # [collector, evaluator], as the actors report them
+    nodes = [i["node_id"] for i in driver.actors.actor_info]  # [collector, evaluator], as they report
     assert len(nodes) == 2 and me not in nodes and len(set(nodes)) == 2
     assert set(st.collect_nodes) == {nodes[0]}  # every collect came from the collector's (other) node
     assert st.results >= 3 and st.segment_digest_checks == st.results
     assert st.segment_digest_mismatches == 0 and st.digest_mismatches == 0
-    assert all(r["digest"] == driver.digests[r["version"]] for r in probe.collects + probe.evals)
+    assert all(r["digest"] == driver.weights.digests[r["version"]] for r in probe.collects + probe.evals)
     _check_exact_counters(driver, probe)
 
 

@@ -13,6 +13,11 @@ Event loop (single thread, ``ray.wait`` based):
    unless the train-budget queue is full while training can run (backpressure);
 4. train a chunk of at most ``max_train_chunk_steps`` steps, then go back to 1;
 5. if nothing trained, wait up to ``poll_interval_s`` for any actor.
+
+The actors themselves (creation, start-up, restarts, shutdown) are an
+:class:`~muzero_tune.distributed.actor_pool.ActorPool`; the weight snapshots a
+:class:`~muzero_tune.distributed.weights.WeightPublisher`. This module owns the loop, the launches, the
+results, the train budgets and the pipeline's metrics.
 """
 
 from __future__ import annotations
@@ -26,52 +31,34 @@ from typing import Any
 import numpy as np
 
 from muzero_tune.config import ExperimentConfig, resolved_async, to_flat_dict, validate
-from muzero_tune.distributed.actors import CollectorWorker, EvaluatorWorker
+from muzero_tune.distributed.actor_pool import ActorFailureError, ActorPool, ActorSlot, resource_shortfall
 from muzero_tune.distributed.placement import (
     ActorPlacement,
     LocalRay,
     current_placement,
-    describe_shortfall,
     ensure_ray,
     local_placement,
     standalone_placement,
 )
+from muzero_tune.distributed.weights import WeightPublisher
 from muzero_tune.envs.faults import FaultSpec
 from muzero_tune.pipeline import schedule
 from muzero_tune.pipeline.collector import visit_temperature
 from muzero_tune.pipeline.core import DriverCore, RunSummary, check_policy_env, setup_torch_threads
 from muzero_tune.pipeline.learner import resolve_device
-from muzero_tune.pipeline.messages import (
-    CollectResult,
-    EvalResult,
-    WeightsSnapshot,
-    segments_digest,
-    weights_digest,
-)
+from muzero_tune.pipeline.messages import CollectResult, EvalResult, segments_digest
 from muzero_tune.runs.checkpoint import load_checkpoint
 from muzero_tune.runs.reporter import Reporter
 
-
-class ActorFailureError(RuntimeError):
-    """An actor slot exhausted its restarts; the run stopped (its checkpoints are intact)."""
-
-
-@dataclass
-class _Slot:
-    """One actor position (collector i or evaluator j) and its current incarnation."""
-
-    kind: str
-    index: int
-    bundle: int
-    handle: Any = None
-    incarnation: int = 0
-    restarts: int = 0
-    busy_s: float = 0.0
+__all__ = ["ActorFailureError", "AsyncDriver", "AsyncStats", "train_muzero_segment_async"]
 
 
 @dataclass
 class _Launch:
-    slot: _Slot
+    """One piece of work handed to an actor: which slot, the snapshot version, when (its clock) and the
+    learner's train_iter at launch."""
+
+    slot: ActorSlot
     version: int
     t_launch: float
     train_iter: int
@@ -80,6 +67,8 @@ class _Launch:
 
 @dataclass
 class _Budget:
+    """One collect's train budget: its steps, its reanalyze plan and how many steps were taken."""
+
     total: int
     plan: schedule.ReanalyzePlan
     progress: int = 0
@@ -134,13 +123,7 @@ class AsyncDriver:
         self.cfg = cfg
         self.ap = resolved_async(cfg.policy.async_pipeline)
         self.ray = LocalRay() if self.ap.ray_local_mode else ray
-        self.flat_config = to_flat_dict(cfg)
-        self.fault = fault
         self.stats = AsyncStats()
-        self.placement = placement
-        self.published: WeightsSnapshot | None = None
-        self.published_weights: dict | None = None
-        self.digests: dict[int, str] = {}
         self.budgets: collections.deque[_Budget] = collections.deque()
         self.collects: dict[Any, _Launch] = {}
         self.evals: dict[Any, _Launch] = {}
@@ -152,196 +135,67 @@ class AsyncDriver:
         self._window: collections.deque[tuple[float, int]] = collections.deque(maxlen=64)
         self._last_stats_iter = 0
         self._t0 = time.monotonic()
-        self._remote = {
-            "collector": self.ray.remote(CollectorWorker),
-            "evaluator": self.ray.remote(EvaluatorWorker),
-        }
-        self.collectors = [_Slot("collector", i, 0) for i in range(self.ap.num_collector_actors)]
-        self.evaluators = [_Slot("evaluator", j, 0) for j in range(self.ap.num_evaluator_actors)]
-        self.actor_info: list[dict] = []  # ping answers: the collectors, then each evaluator once started
-        # evaluators still booting (ping ref -> slot) and the time by which they must have answered
-        self._starting: dict[Any, _Slot] = {}
-        self._start_deadline = 0.0
+        self.actors = ActorPool(
+            self.ray, self.ap, to_flat_dict(cfg), placement, stats=self.stats, fault=fault,
+            where=lambda: f"envstep={self.core.counters.env_steps} train_iter={self.core.train_iter}",
+            describe_resources=lambda: resource_shortfall(cfg),
+        )  # fmt: skip
         if placement is not None:
             # The collectors need only the config: created now, they boot (a process importing torch, ~2.2 s
             # on 2 cores) while the learner is built below (~1.2 s, most of it torch.optim's first use
             # importing torch._dynamo), so the first collect, which training waits for, comes that much
             # sooner. The evaluators are created after it (start_actors): on two cores a third booting
             # process would slow the collectors by about what this saves.
-            self.spawn_actors(self.collectors)
+            self.actors.spawn_all(self.actors.collectors)
         try:
             self.core = DriverCore(cfg, reporter)
         except BaseException:
             self.shutdown()
             raise
+        self.weights = WeightPublisher(
+            self.ray, self.core.learner, weight_sync_interval=self.ap.weight_sync_interval,
+            max_policy_lag=self.ap.max_policy_lag, stats=self.stats,
+        )  # fmt: skip
+
+    @property
+    def placement(self) -> ActorPlacement | None:
+        """The placement group the actors run in (the driver removes it at shutdown)."""
+        return self.actors.placement
+
+    @placement.setter
+    def placement(self, placement: ActorPlacement | None) -> None:
+        self.actors.placement = placement
 
     # ------------------------------------------------------------------ actors
 
-    def _spawn(self, slot: _Slot) -> None:
-        ap = self.ap
-        cpus = ap.collector_num_cpus if slot.kind == "collector" else ap.evaluator_num_cpus
-        gpus = ap.collector_num_gpus if slot.kind == "collector" else ap.evaluator_num_gpus
-        slot.bundle = (
-            self.placement.collector_bundle(slot.index)
-            if slot.kind == "collector"
-            else self.placement.evaluator_bundle(slot.index)
-        )
-        opts = {
-            "num_cpus": cpus,
-            "num_gpus": gpus,
-            "max_restarts": 0,
-            "max_concurrency": 1,
-            **self.placement.options(slot.bundle),
-        }
-        slot.handle = (
-            self._remote[slot.kind]
-            .options(**opts)
-            .remote(self.flat_config, slot.index, slot.incarnation, self.fault, gpus)
-        )
-
-    def spawn_actors(self, slots: list[_Slot] | None = None) -> None:
-        """Create an actor for each of ``slots`` (default: every slot) that has none yet; creation returns at
-        once and each actor boots on its own."""
-        for s in self.collectors + self.evaluators if slots is None else slots:
-            if s.handle is None:
-                self._spawn(s)
-
     def start_actors(self, *, before_wait: Callable[[], None] | None = None) -> None:
-        """Create every actor not created yet and wait (up to ``actor_start_timeout_s``) until the collectors
-        answer a ping; the evaluators too with ``eval_at_start``, else they finish booting while training
-        runs (:meth:`_check_started`; an evaluation due before then waits behind the constructor, its clock
-        starting when the evaluator answers).
+        """Create every actor not created yet and wait until the collectors answer (the evaluators too with
+        ``eval_at_start``, else they finish booting while training runs: an evaluation due before then waits
+        behind the constructor, its clock starting when the evaluator answers, :meth:`check_started`).
 
         ``before_wait`` runs once the actors are created and before the wait: the run's first launches go
         there, so Ray queues each collector's first collect behind its constructor and it starts the moment
         that actor is up, not after every actor has started (measured on CartPole: ~2.7 s to start a
         collector and an evaluator on 2 cores, the bulk of the async pipeline's start-up). Those launches'
         clocks (timeouts, busy time) restart when the wait ends: an actor's start-up is not its work."""
-        self.spawn_actors()
-        booting = [] if self.ap.eval_at_start else self.evaluators
-        pings = [s.handle.ping.remote() for s in self.collectors + self.evaluators if s not in booting]
-        self._starting = {s.handle.ping.remote(): s for s in booting}
-        self._start_deadline = time.monotonic() + self.ap.actor_start_timeout_s
-        if before_wait is not None:
-            before_wait()
-        ready, _ = self.ray.wait(pings, num_returns=len(pings), timeout=self.ap.actor_start_timeout_s)
-        if len(ready) < len(pings):
-            self._raise_not_started(len(ready), len(pings))
-        self.actor_info = self.ray.get(pings)  # in slot order: collectors, then evaluators
+        self.actors.start(wait_for_evaluators=self.ap.eval_at_start, before_wait=before_wait)
         now = time.monotonic()
         for launch in (*self.collects.values(), *self.evals.values()):
             launch.t_launch = now
 
-    def _check_started(self, timeout: float = 0.0) -> None:
-        """Take the pings of the evaluators still booting that have answered (waiting up to ``timeout``) and
-        start the clocks of the evaluations already queued behind their constructors (an actor's start-up is
-        not its work); raise as :meth:`start_actors` does when one has not answered by its deadline or failed
-        to start."""
-        if not self._starting:
-            return
-        ready, _ = self.ray.wait(list(self._starting), num_returns=len(self._starting), timeout=timeout)
+    def check_started(self, timeout: float = 0.0) -> None:
+        """Take the evaluators that finished booting (waiting up to ``timeout``) and start the clocks of the
+        evaluations queued behind their constructors."""
         now = time.monotonic()
-        for ref in ready:
-            slot = self._starting.pop(ref)
-            self.actor_info.append(self.ray.get(ref))  # raises if its constructor did
+        for slot in self.actors.take_started(timeout):
             for launch in self.evals.values():
                 if launch.slot is slot:
                     launch.t_launch = now
-        if self._starting and time.monotonic() >= self._start_deadline:
-            n = len(self.collectors) + len(self.evaluators)
-            self._raise_not_started(n - len(self._starting), n)
-
-    def _raise_not_started(self, started: int, total: int) -> None:
-        from muzero_tune.distributed.placement import bundles
-
-        raise RuntimeError(
-            f"only {started} of {total} actors started within "
-            f"{self.ap.actor_start_timeout_s:g} s (policy.async_pipeline.actor_start_timeout_s); "
-            f"resources: {describe_shortfall(bundles(self.cfg))}"
-        )
-
-    def _restart(self, slot: _Slot, why: str) -> None:
-        """Replace a failed or hung actor and count it; raise once its restarts are exhausted."""
-        st = self.stats
-        st.restart_reasons.append(f"{slot.kind} {slot.index}: {why}")
-        # an evaluator that failed while booting: its replacement's start is awaited below, not its ping
-        self._starting = {ref: s for ref, s in self._starting.items() if s is not slot}
-        if slot.kind == "collector":
-            st.collector_failures += 1
-        else:
-            st.evaluator_failures += 1
-        try:
-            self.ray.kill(slot.handle, no_restart=True)
-        except Exception:  # already dead
-            pass
-        if slot.restarts >= self.ap.max_actor_restarts:
-            raise ActorFailureError(
-                f"{slot.kind} actor {slot.index} failed ({why}) and its restarts are exhausted "
-                f"({slot.restarts} of policy.async_pipeline.max_actor_restarts="
-                f"{self.ap.max_actor_restarts}); the run stopped at envstep={self.core.counters.env_steps} "
-                f"train_iter={self.core.train_iter}; "
-                f"its last checkpoint is intact"
-            )
-        slot.restarts += 1
-        slot.incarnation += 1
-        if slot.kind == "collector":
-            st.collector_restarts += 1
-        else:
-            st.evaluator_restarts += 1
-        # wait until it is up, as start_actors does: a launch's timeout must not count the actor's start-up.
-        # A replacement can die before it answers when it was placed on a node that is dying too (its bundle
-        # is moved to a live node once Ray marks that node dead): start it again, as part of this restart.
-        deadline = time.monotonic() + self.ap.actor_start_timeout_s
-        last = ""
-        while True:
-            time.sleep(self.ap.actor_restart_delay_s)
-            self._spawn(slot)  # it gets the current snapshot with its next launch
-            ping = slot.handle.ping.remote()
-            ready, _ = self.ray.wait([ping], timeout=max(0.0, deadline - time.monotonic()))
-            if ready:
-                try:
-                    self.ray.get(ready[0])
-                    return
-                except Exception as e:
-                    st.start_retries += 1
-                    last = f"; its last start failed: {type(e).__name__}"
-                    try:
-                        self.ray.kill(slot.handle, no_restart=True)
-                    except Exception:
-                        pass
-            if not ready or time.monotonic() >= deadline:
-                raise ActorFailureError(
-                    f"{slot.kind} actor {slot.index} was restarted ({why}) but did not start within "
-                    f"{self.ap.actor_start_timeout_s:g} s (policy.async_pipeline.actor_start_timeout_s)"
-                    f"{last}; its last checkpoint is intact"
-                )
-
-    # ------------------------------------------------------------------ weights
-
-    def _snapshot(self) -> tuple[WeightsSnapshot, dict]:
-        weights = self.core.learner.weights_snapshot()
-        arrays = {k: v.numpy() for k, v in weights.items()}
-        digest = weights_digest(weights)
-        snap = WeightsSnapshot(version=self.core.train_iter, ref=self.ray.put(arrays), digest=digest)
-        self.digests[snap.version] = digest
-        return snap, weights
-
-    def _publish_if_due(self) -> WeightsSnapshot:
-        last = self.published.version if self.published is not None else None
-        if schedule.should_publish(
-            current_version=self.core.train_iter,
-            last_published=last,
-            weight_sync_interval=self.ap.weight_sync_interval,
-            max_policy_lag=self.ap.max_policy_lag,
-        ):
-            self.published, self.published_weights = self._snapshot()
-            self.stats.publishes += 1
-            self.stats.publish_versions.append(self.published.version)
-        return self.published
 
     # ------------------------------------------------------------------ launches
 
-    def _maybe_launch_eval(self, *, force: bool = False) -> None:
+    def launch_eval(self, *, force: bool = False) -> None:
+        """Launch an evaluation of the current weights on a free evaluator when one is due (or ``force``)."""
         if len(self.evals) >= self.ap.max_eval_inflight:
             return
         due = force or schedule.should_eval(
@@ -353,22 +207,21 @@ class AsyncDriver:
         if not due:
             return
         busy = {launch.slot.index for launch in self.evals.values()}
-        free = [s for s in self.evaluators if s.index not in busy]
+        free = [s for s in self.actors.evaluators if s.index not in busy]
         if not free:
             return
         slot = free[self._rr_eval % len(free)]
         self._rr_eval += 1
-        if self.published is not None and self.published.version == self.core.train_iter:
-            snap, weights = self.published, self.published_weights
-        else:
-            snap, weights = self._snapshot()
+        snap, weights = self.weights.current()
         ref = slot.handle.evaluate.remote([snap])
         self.evals[ref] = _Launch(slot, snap.version, time.monotonic(), self.core.train_iter, weights)
         self.last_eval_launch = self.core.train_iter
         self.stats.eval_launch_iters.append(self.core.train_iter)
         self.stats.max_evals_inflight = max(self.stats.max_evals_inflight, len(self.evals))
 
-    def _maybe_launch_collects(self) -> None:
+    def launch_collects(self) -> None:
+        """Launch a collect on every idle collector (within ``max_collect_inflight``), each with the snapshot
+        due now, unless the env-step budget is spent or the train-budget queue is full (backpressure)."""
         c = self.core.counters
         if self.stop_requested or c.env_steps >= self.cfg.max_envstep:
             return
@@ -379,15 +232,16 @@ class AsyncDriver:
         ):
             return
         busy = {launch.slot.index for launch in self.collects.values()}
-        n = len(self.collectors)
+        collectors = self.actors.collectors
+        n = len(collectors)
         # start after the last collector launched, so a cap below the pool size still uses every actor
-        for slot in (self.collectors[(self._rr_collect + k) % n] for k in range(n)):
+        for slot in (collectors[(self._rr_collect + k) % n] for k in range(n)):
             if len(self.collects) >= self.ap.max_collect_inflight:
                 return
             if slot.index in busy:
                 continue
             self._rr_collect = slot.index + 1
-            snap = self._publish_if_due()
+            snap = self.weights.publish_if_due()
             self.stats.launch_lags.append(self.core.train_iter - snap.version)
             temp = visit_temperature(self.cfg, self.core.train_iter)
             ref = slot.handle.collect.remote([snap], temp)
@@ -396,12 +250,13 @@ class AsyncDriver:
 
     # ------------------------------------------------------------------ results
 
-    def _on_collect(self, launch: _Launch, result: CollectResult) -> None:
+    def on_collect(self, launch: _Launch, result: CollectResult) -> None:
+        """A collect's result: checked against its snapshot's digest, pushed, its train budget queued."""
         st, core = self.stats, self.core
         st.results += 1
         st.result_transitions += result.real_transitions
         st.push_lags.append(core.train_iter - result.policy_version)
-        if result.weights_digest and result.weights_digest != self.digests.get(result.policy_version):
+        if result.weights_digest and result.weights_digest != self.weights.digests.get(result.policy_version):
             st.digest_mismatches += 1
         if self.ap.verify_segment_digests:  # before the push: the buffer re-homes the segments' frames
             st.segment_digest_checks += 1
@@ -415,7 +270,8 @@ class AsyncDriver:
             self.budgets.append(_Budget(budget, core.reanalyze_plan(budget)))
             st.max_budget_queue = max(st.max_budget_queue, len(self.budgets))
 
-    def _on_eval(self, launch: _Launch, result: EvalResult) -> None:
+    def on_eval(self, launch: _Launch, result: EvalResult) -> None:
+        """An evaluation's result: reported with the exact snapshot it evaluated (the checkpoint)."""
         row = self.core.record_eval(
             result,
             launch.weights,
@@ -435,13 +291,13 @@ class AsyncDriver:
             except Exception as e:  # actor died or raised: drop its in-flight work whole, restart it
                 if launch.slot.kind == "collector":
                     self.stats.dropped_collects += 1
-                self._restart(launch.slot, f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
+                self.actors.restart(launch.slot, f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
                 continue
             on_result(launch, result)
 
     def _check_timeouts(self) -> None:
         now = time.monotonic()
-        booting = list(self._starting.values())  # their launches' clocks have not started
+        booting = list(self.actors.booting.values())  # their launches' clocks have not started
         for table, limit in (
             (self.collects, self.ap.collect_timeout_s),
             (self.evals, self.ap.eval_timeout_s),
@@ -453,9 +309,11 @@ class AsyncDriver:
                     table.pop(ref)
                     if launch.slot.kind == "collector":
                         self.stats.dropped_collects += 1
-                    self._restart(launch.slot, f"no result within {limit:g} s (hung)")
+                    self.actors.restart(launch.slot, f"no result within {limit:g} s (hung)")
 
     def process_completed(self, timeout: float = 0.0) -> None:
+        """Handle the actors' finished work (waiting up to ``timeout`` for some), then hung launches and
+        booting evaluators."""
         pending = list(self.collects) + list(self.evals)
         if not pending:
             if timeout > 0:
@@ -464,12 +322,13 @@ class AsyncDriver:
         ready, _ = self.ray.wait(pending, num_returns=len(pending), timeout=timeout)
         if not ready and timeout > 0:
             ready, _ = self.ray.wait(pending, num_returns=1, timeout=0)
-        self._handle([r for r in ready if r in self.collects], self.collects, self._on_collect)
-        self._handle([r for r in ready if r in self.evals], self.evals, self._on_eval)
+        self._handle([r for r in ready if r in self.collects], self.collects, self.on_collect)
+        self._handle([r for r in ready if r in self.evals], self.evals, self.on_eval)
         self._check_timeouts()
-        self._check_started()
+        self.check_started()
 
-    def _wait_any(self, timeout: float) -> None:
+    def wait_any(self, timeout: float) -> None:
+        """Idle until any actor finishes (at most ``timeout`` s); counted as learner idle time."""
         t0 = time.monotonic()
         self.stats.idle_waits += 1
         pending = list(self.collects) + list(self.evals)
@@ -513,8 +372,8 @@ class AsyncDriver:
         the train steps taken while the collect ran; not bounded by max_policy_lag)."""
         st = self.stats
         wall = max(time.monotonic() - self._t0, 1e-9)
-        n_col = max(1, len(self.collectors))
-        busy = sum(s.busy_s for s in self.collectors) + sum(
+        n_col = max(1, len(self.actors.collectors))
+        busy = sum(s.busy_s for s in self.actors.collectors) + sum(
             time.monotonic() - launch.t_launch for launch in self.collects.values()
         )
         recent = 0.0
@@ -563,22 +422,22 @@ class AsyncDriver:
 
         def first_launches() -> None:
             if self.ap.eval_at_start and core.counters.eval_index == 0:
-                self._maybe_launch_eval(force=True)
-            self._maybe_launch_collects()
+                self.launch_eval(force=True)
+            self.launch_collects()
 
         self.start_actors(before_wait=first_launches)
         reason = None
         while reason is None:
             self.process_completed(0.0)
-            self._maybe_launch_eval()
-            self._maybe_launch_collects()
+            self.launch_eval()
+            self.launch_collects()
             trained = self.train_chunk()
             if core.train_iter - self._last_stats_iter >= self.ap.buffer_stats_interval:
                 self._last_stats_iter = core.train_iter
                 core.progress({"pipeline": "async", **self.pipeline_metrics()})
             reason = self._done()
             if reason is None and trained == 0:
-                self._wait_any(self.ap.poll_interval_s)
+                self.wait_any(self.ap.poll_interval_s)
                 core.progress({"pipeline": "async", **self.pipeline_metrics()})
         self._finish_evals(reason)
         return RunSummary(reason, core.counters.env_steps, core.train_iter, self.eval_rows, core.wall_s())
@@ -597,27 +456,13 @@ class AsyncDriver:
             and self.core.counters.last_eval_iter != self.core.train_iter
         ):
             self.last_eval_launch = None
-            self._maybe_launch_eval(force=True)
+            self.launch_eval(force=True)
             # its own timeout: a hung evaluation above (and its restart) may have used up the first one
             self._drain_evals()
 
     def shutdown(self) -> None:
         """Close actors within shutdown_timeout_s, then kill the rest; remove our placement group."""
-        ray = self.ray
-        slots = [s for s in self.collectors + self.evaluators if s.handle is not None]
-        refs = []
-        for s in slots:
-            try:
-                refs.append(s.handle.close.remote())
-            except Exception:
-                pass
-        if refs:
-            ray.wait(refs, num_returns=len(refs), timeout=self.ap.shutdown_timeout_s)
-        for s in slots:
-            try:
-                ray.kill(s.handle, no_restart=True)
-            except Exception:
-                pass
+        self.actors.shutdown()
         if self.placement is not None:
             self.placement.remove()
 

@@ -99,7 +99,7 @@ def actor_placement(driver) -> dict:
 
     pg = get_current_placement_group()
     pg_id = pg.id.hex() if pg is not None else ""
-    infos = list(getattr(driver, "actor_info", None) or [])
+    infos = list(driver.actors.actor_info)
     in_pg = bool(infos) and all(i["placement_group_id"] == pg_id for i in infos)
     free = ray.available_resources()
     in_use = [
@@ -108,7 +108,7 @@ def actor_placement(driver) -> dict:
         if any(free.get(f"{r}_group_{i}_{pg_id}", 0.0) < amount - 1e-9 for r, amount in spec.items())
     ]
     me = ray.get_runtime_context().get_node_id()
-    col_nodes = [i.get("node_id", "") for i in infos[: len(driver.collectors)]]
+    col_nodes = [i.get("node_id", "") for i in infos[: len(driver.actors.collectors)]]
     return {
         "placement/strategy": driver.ap.placement_strategy,
         "placement/driver_node": me,
@@ -117,7 +117,7 @@ def actor_placement(driver) -> dict:
         "placement/trial_pg_id": pg_id,
         "placement/actors": len(infos),
         "placement/actors_in_trial_pg": int(in_pg),
-        "placement/actor_bundles": " ".join(str(s.bundle) for s in driver.collectors + driver.evaluators),
+        "placement/actor_bundles": " ".join(str(s.bundle) for s in driver.actors.slots),
         "placement/bundles_in_use": " ".join(map(str, in_use)),
         "placement/actor_pids": " ".join(str(i["pid"]) for i in infos),
     }

@@ -214,11 +214,11 @@ def absorb(cfg, n_collectors: int, wall_s: float, out_dir: str) -> dict:
         "exp_name": f"absorb{n_collectors}", "logging.quiet": True,
     })  # fmt: skip
     driver = AsyncDriver(cfg, MemoryReporter())
-    driver._remote["collector"] = ray.remote(StubCollector)
+    driver.actors.remote_classes["collector"] = ray.remote(StubCollector)
     learner = driver.core.learner
     ones = np.ones(cfg.learn.batch_size, dtype=np.float32)
 
-    def no_learning(batch) -> LearnOutput:  # the learner's work made negligible
+    def no_learning(batch, **_) -> LearnOutput:  # the learner's work made negligible
         learner.train_iter += 1
         return LearnOutput(priorities=ones, metrics={})
 
@@ -231,14 +231,14 @@ def absorb(cfg, n_collectors: int, wall_s: float, out_dir: str) -> dict:
         _time_calls(obj, name, key, spent)
     # the bootstrap values are the learner's work (targets.Bootstrap), stubbed out here with the rest of it
     stamps: list[tuple[float, int, int]] = []  # (time, env steps, train_iter) at each result
-    on_collect = driver._on_collect
+    on_collect = driver.on_collect
 
     def timed(launch, result):
         on_collect(launch, result)
         if driver.core.train_iter > 0:  # steady state: training runs (before it, collects are not budgeted)
             stamps.append((time.monotonic(), driver.core.counters.env_steps, driver.core.train_iter))
 
-    driver._on_collect = timed
+    driver.on_collect = timed
     done = driver._done
 
     def until_wall() -> str | None:  # wall_s of steady state, from the first result once training runs
