@@ -65,12 +65,14 @@ class AlsoEvalPrinter(EvalPrinter):
     The second evaluator is built once, like the run's own (same seed, same episodes), so both rules play the
     same sequence of starting states; the global RNGs are restored around it and its seconds are taken off
     the run's clock, so training, its curve and its wall seconds are those of a run without it. The run
-    trains on past its own target until the second rule reaches it too (``CellDone``) or the budget ends.
+    trains on past its own target until the second rule reaches it too (``CellDone``) or the budget ends;
+    with ``stop_at_own`` it ends at its own target, the second rule's result then being "reached by then"
+    or not.
     """
 
-    def __init__(self, label: str, run_cfg, also: dict, target: float):
+    def __init__(self, label: str, run_cfg, also: dict, target: float, *, stop_at_own: bool = False):
         super().__init__(label)
-        self.run_cfg, self.also, self.target = run_cfg, also, target
+        self.run_cfg, self.also, self.target, self.stop_at_own = run_cfg, also, target, stop_at_own
         self.also_evals: list[dict] = []
         self.also_s = 0.0
         self._alt = None  # (policy, model, evaluator), built at the first evaluation
@@ -84,7 +86,8 @@ class AlsoEvalPrinter(EvalPrinter):
         self.also_evals.append({**metrics, "reward_mean": reward})
         print(f"[learning_report] {self.label}: under {_label(self.also)}: eval reward_mean {reward:.1f}",
               flush=True)
-        if all(any(e["reward_mean"] >= self.target for e in rows) for rows in (self.evals, self.also_evals)):
+        reached = [any(e["reward_mean"] >= self.target for e in r) for r in (self.evals, self.also_evals)]
+        if reached[0] and (reached[1] or self.stop_at_own):
             raise CellDone
 
     def _evaluate(self, evaluated: dict) -> float:
@@ -137,11 +140,15 @@ def _write_json_atomic(path: str, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def run_cell(preset: str, seed: int, overrides: dict, output_dir: str, also: dict | None = None) -> dict:
+def run_cell(
+    preset: str, seed: int, overrides: dict, output_dir: str, also: dict | None = None,
+    stop_at_own: bool = False,
+) -> dict:  # fmt: skip
     """Train one (preset, seed) cell; its stored record is run_seed's row plus the task and budgets.
 
     ``also``: eval.* / mcts.* settings every evaluated snapshot is evaluated under as well; the record's
-    ``also_eval`` then holds that rule's row (its env steps to the target on the same training run)."""
+    ``also_eval`` then holds that rule's row (its env steps to the target on the same training run), and
+    ``stop_at_own`` ends the cell at the run's own target whether the other rule got there or not."""
     cfg = make_config(preset, overrides={"seed": seed, **overrides})
     load_before = os.getloadavg()
     t0 = time.monotonic()
@@ -153,7 +160,7 @@ def run_cell(preset: str, seed: int, overrides: dict, output_dir: str, also: dic
             "logging.output_dir": os.path.join(output_dir, "runs"), "logging.quiet": True,
             **overrides, "stop_value": None,
         })
-        rep = AlsoEvalPrinter(label, run_cfg, also, target)
+        rep = AlsoEvalPrinter(label, run_cfg, also, target, stop_at_own=stop_at_own)
         from muzero_tune.pipeline.sync_driver import train_muzero_segment
 
         try:
@@ -162,7 +169,7 @@ def run_cell(preset: str, seed: int, overrides: dict, output_dir: str, also: dic
             stop_reason = "stop_value"
         row = seed_row(seed, rep.evals, target, stop_reason)
         also_row = seed_row(seed, rep.also_evals, target, stop_reason)
-        row["also_eval"] = {"settings": {k: str(v) for k, v in also.items()},
+        row["also_eval"] = {"settings": {k: str(v) for k, v in also.items()}, "stop_at_own": stop_at_own,
                             **{k: v for k, v in also_row.items() if k not in ("seed", "stop_reason")}}
     else:
         row = run_seed(seed, overrides, os.path.join(output_dir, "runs"), preset, reporter=EvalPrinter(label))
@@ -342,9 +349,11 @@ def also_eval_table(rows: list[dict]) -> str:
 
 
 def _steps_summary(rs: list[dict]) -> str:
-    """"median / worst (n/N)" env steps to the target; an unsolved seed counts as above the budget."""
+    """"median / worst (n/N)" env steps to the target; an unsolved seed counts as above the budget (above
+    the env steps its cell ended at, when it ended at the run's own target)."""
     ok = [r["env_steps_to_target"] for r in rs if within_budget(r)]
-    budget = max(r["max_envstep"] for r in rs)
+    budget = max(r["final_env_steps"] if r.get("stop_at_own") else r["max_envstep"] for r in rs
+                 if not within_budget(r)) if len(ok) < len(rs) else 0
     med = _median_with_unsolved(ok, len(rs))
     worst = _fmt(max(ok)) if len(ok) == len(rs) else f"> {budget:,}"
     return f"{_fmt(med) if med is not None else f'> {budget:,}'} / {worst} ({len(ok)}/{len(rs)})"
@@ -363,8 +372,9 @@ def seed_lines(rows: list[dict]) -> str:
         load = r.get("loadavg_1min_before_after")
         also = r.get("also_eval")
         if also:
+            by = f" by {_fmt(r['final_env_steps'])} env steps" if also.get("stop_at_own") else ""
             also_got = (f"{also['env_steps_to_target']:,} env steps" if also["solved"]
-                        else f"not solved (best {_fmt(also['best_reward_mean'], 1)})")
+                        else f"not solved{by} (best {_fmt(also['best_reward_mean'], 1)})")
             got += f"; under {_label(also['settings'])}: {also_got}"
         out.append(
             f"- {r['preset']} seed {r['seed']}: {got}; final return {_fmt(r['final_return'], 1)} at "
@@ -463,6 +473,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--also-eval", action="append", default=[], metavar="KEY=VALUE",
                    help="eval.* / mcts.* settings to evaluate every snapshot under as well (the same "
                         "training runs; each cell then trains until both settings reach its target)")
+    p.add_argument("--stop-at-own-target", action="store_true",
+                   help="with --also-eval: end each cell when the run's own settings reach the target (the "
+                        "other settings' result is then whether they got there by then)")
     p.add_argument("--table-only", action="store_true", help="only rebuild report.md and the PNGs")
     p.add_argument("--rerun", action="store_true", help="train cells again even if a result is stored")
     p.add_argument("--import-run", metavar="RUN_DIR", default=None,
@@ -496,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 print(f"[learning_report] {preset} seed {seed}: training (load {os.getloadavg()[0]:.2f})",
                       flush=True)
-                rec = run_cell(preset, seed, overrides, args.output_dir, also)
+                rec = run_cell(preset, seed, overrides, args.output_dir, also, args.stop_at_own_target)
                 _write_json_atomic(path, rec)
                 print(f"[learning_report] {seed_lines([rec]).strip()}", flush=True)
     md, pngs = build_report(args.output_dir)

@@ -130,6 +130,28 @@ def test_also_eval_compares_rules_on_the_same_training_run(report, tmp_path, cap
         report.main(["--output-dir", str(tmp_path / "x"), "--also-eval", "learn.lr=0.1"])
 
 
+@pytest.mark.parametrize("stop_at_own", [False, True])
+def test_a_cell_ends_when_both_rules_reached_the_target_or_at_its_own(report, stop_at_own):
+    """The other rule's evaluation stands in as a fixed return (30, then 60) against a target of 50."""
+
+    class Fixed(report.AlsoEvalPrinter):
+        def _evaluate(self, evaluated):
+            return 30.0 if len(self.also_evals) < 2 else 60.0
+
+    rep = Fixed("x", None, {"eval.unvisited_q": "parent"}, 50.0, stop_at_own=stop_at_own)
+    metrics = {"envstep": 100, "wall_s": 1.0, "reward_mean": 10.0, "train_iter": 1}
+    rep.on_eval(metrics, {}, dict)  # neither reached: go on
+    if stop_at_own:
+        with pytest.raises(report.CellDone):  # the run's own rule reached: ends, the other one not yet
+            rep.on_eval({**metrics, "reward_mean": 55.0}, {}, dict)
+        return
+    rep.on_eval({**metrics, "reward_mean": 55.0}, {}, dict)  # the other rule is at 30: go on
+    with pytest.raises(report.CellDone):
+        rep.on_eval(metrics, {}, dict)  # now it reached 60 too
+    row = report.seed_row(0, rep.also_evals, 50.0, "stop_value")
+    assert row["solved"] and [e["reward_mean"] for e in rep.also_evals] == [30.0, 30.0, 60.0]
+
+
 def test_import_run_files_a_cli_run_only_under_its_own_config(report, trained_run, tmp_path):
     from conftest import CLI_SMALL
 
