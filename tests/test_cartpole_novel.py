@@ -38,7 +38,7 @@ def _balance(full_obs: np.ndarray) -> int:
 
 def test_space_is_cartpoles_position_and_angle_bounds():
     validate_env_id(CARTPOLE_NOVEL_ID)
-    assert env_family(CARTPOLE_NOVEL_ID) == "vector"
+    assert env_family(CARTPOLE_NOVEL_ID) == "gymnasium"
     env, full = make_env(CARTPOLE_NOVEL_ID), gym.make("CartPole-v1")
     space = env.observation_space
     assert isinstance(space, gym.spaces.Box) and space.shape == (2,) and space.dtype == np.float32
@@ -86,7 +86,7 @@ def test_registered_on_import_in_a_fresh_process():
         f"print({CARTPOLE_NOVEL_ID!r} in gym.registry, muzero_tune.envs.env_family({CARTPOLE_NOVEL_ID!r}))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["True", "vector"]
+    assert out.stdout.split() == ["True", "gymnasium"]
 
 
 # ---------------------------------------------------------------------------------------------- presets

@@ -15,7 +15,6 @@ from muzero_tune.envs import (
     MissingDependencyError,
     UnitBoxActions,
     UnknownEnvError,
-    UnsupportedEnvError,
     action_mask_from_info,
     area_resize,
     bounds_to_unit,
@@ -279,13 +278,6 @@ def test_unknown_env_id_names_key_value_and_suggestion():
     assert isinstance(excinfo.value, ValueError)
     with pytest.raises(UnknownEnvError, match="ALE/Pong-v5"):
         make_env("Pong-v5")
-
-
-def test_unsupported_registered_ids():
-    with pytest.raises(UnsupportedEnvError, match="ALE/Pong-v5"):
-        validate_env_id("Pong-v4")
-    with pytest.raises(UnsupportedEnvError, match="env.env_id"):
-        validate_env_id("FrozenLake-v1")
 
 
 @pytest.mark.parametrize(

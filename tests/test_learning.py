@@ -47,6 +47,8 @@ GOALS = [
     ("lunarlander_efficientzero", 0, 150_000, 4 * 3_600),
     # CartPole with its velocities hidden: history carries them
     *[("cartpole_novel_muzero_rnn_full_obs", s, 50_000, 1_800) for s in (0, 1, 2)],
+    # an env with no preset of its own before: FrozenLake's Discrete observations, one-hot
+    *[("frozenlake_muzero", s, 20_000, 600) for s in (0, 1, 2)],
 ]
 
 EXTRAS = {  # env id prefix -> (module, the extra that installs it)

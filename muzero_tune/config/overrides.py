@@ -73,7 +73,14 @@ def _type_name(tp: Any) -> str:
         return " | ".join("None" if a is type(None) else _type_name(a) for a in args)
     if origin is tuple:
         return f"tuple[{_type_name(args[0])}, ...]"
+    if origin is dict:
+        return "mapping"
     return str(tp)
+
+
+def _is_mapping_type(tp: Any) -> bool:
+    """A setting whose value is a whole mapping (e.g. ``env.kwargs``): set as one value, or key by key."""
+    return typing.get_origin(tp) is dict
 
 
 def _coerce(key: str, tp: Any, value: Any) -> Any:
@@ -94,6 +101,10 @@ def _coerce(key: str, tp: Any, value: Any) -> Any:
                 value = float(raw)
             except ValueError:
                 pass
+    if origin is dict:
+        if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+            raise ConfigError(key, value, "expected a mapping with string keys, e.g. {name: value}")
+        return dict(value)
     if origin is tuple:
         (elem,) = typing.get_args(tp)[:1]
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -145,6 +156,10 @@ def _set(cfg: Any, path: list[str], value: Any, full_key: str) -> Any:
                 out = _set(out, [k], v, f"{full_key}.{k}")
             return dataclasses.replace(cfg, **{head: out})
         return dataclasses.replace(cfg, **{head: _coerce(full_key, tp, value)})
+    if _is_mapping_type(tp):  # env.kwargs.<name>=value sets one entry of the mapping
+        entry = ".".join(path[1:])
+        value = yaml.safe_load(value) if isinstance(value, str) else value
+        return dataclasses.replace(cfg, **{head: {**getattr(cfg, head), entry: value}})
     if not _is_section(tp):
         raise _unknown_key(full_key)
     return dataclasses.replace(cfg, **{head: _set(getattr(cfg, head), path[1:], value, full_key)})
@@ -175,11 +190,12 @@ def parse_set_args(items: list[str]) -> dict[str, str]:
 
 
 def flatten(mapping: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested dict (a YAML file) -> dotted keys."""
+    """Nested dict (a YAML file) -> dotted keys; a mapping-valued setting (``env.kwargs``) stays whole."""
+    mapping_keys = {k for k, tp, _ in iter_fields() if _is_mapping_type(tp)}
     out: dict[str, Any] = {}
     for k, v in mapping.items():
         key = f"{prefix}{k}"
-        if isinstance(v, Mapping):
+        if isinstance(v, Mapping) and key not in mapping_keys:
             out.update(flatten(v, key + "."))
         else:
             out[key] = v
@@ -210,7 +226,7 @@ def to_flat_dict(cfg: ExperimentConfig) -> dict[str, Any]:
         obj: Any = cfg
         for part in key.split("."):
             obj = getattr(obj, part)
-        out[key] = list(obj) if isinstance(obj, tuple) else obj
+        out[key] = list(obj) if isinstance(obj, tuple) else dict(obj) if isinstance(obj, Mapping) else obj
     return out
 
 

@@ -36,7 +36,19 @@ def param(
 class EnvConfig:
     """Which environment, how its frames are preprocessed, and how many copies run."""
 
-    env_id: str = param("CartPole-v1", "gymnasium id: classic control (CartPole-v1, ...) or ALE/<Game>-v5")
+    env_id: str = param(
+        "CartPole-v1",
+        "any registered gymnasium id; module:EnvId imports the module that registers it first; ALE/<Game>-v5 "
+        "for Atari",
+    )
+    kwargs: dict[str, Any] = param(
+        default_factory=dict, doc="keyword arguments for gymnasium.make, e.g. {is_slippery: false}"
+    )
+    wrappers: tuple[str, ...] = param(
+        (),
+        "gymnasium wrappers applied in order after gymnasium.make: 'module:Class', or 'module:Class {k: v}' "
+        "with keyword arguments as a YAML mapping",
+    )
     frame_stack: int = param(1, "frames stacked into one model input (Atari: 4)", ge=1, le=32)
     frame_size_px: int = param(64, "Atari frame side after resizing, pixels", choices=(64, 96))
     grayscale: bool = param(True, "Atari: grayscale frames (False: RGB)")
@@ -54,7 +66,9 @@ class ModelConfig:
     """The MuZero network: representation, dynamics and prediction functions."""
 
     kind: str = param(
-        "mlp", "network family: mlp (vector observations) or conv (images)", choices=("mlp", "conv")
+        "auto",
+        "network family: mlp (vector observations), conv (images) or auto (from the env's observations)",
+        choices=("auto", "mlp", "conv"),
     )
     latent_dim: int = param(64, "mlp: size of the hidden state", ge=1)
     hidden_dim: int = param(128, "mlp: width of hidden layers", ge=1)

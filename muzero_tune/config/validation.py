@@ -89,8 +89,8 @@ def validate(cfg: ExperimentConfig, *, check_env: bool = True) -> ExperimentConf
                 learn.helper_ssl_encodings,
                 f"must be <= replay.num_unroll_steps ({replay.num_unroll_steps}): one encoding per step",
             )
-    if cfg.env.env_id.startswith("ALE/") and cfg.model.kind != "conv":
-        raise ConfigError("model.kind", cfg.model.kind, "Atari image observations need model.kind=conv")
+    if cfg.env.env_id.startswith("ALE/") and cfg.model.kind == "mlp":
+        raise ConfigError("model.kind", "mlp", "Atari image observations need model.kind=conv or auto")
     if ap.max_collect_inflight is not None and ap.max_collect_inflight > ap.num_collector_actors:
         raise ConfigError(
             "policy.async_pipeline.max_collect_inflight",

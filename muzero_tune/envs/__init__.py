@@ -2,6 +2,7 @@
 
 * :mod:`.spec` — :class:`EnvSpec` and :func:`stack_frames` (what the model sees).
 * :mod:`.factory` — :func:`validate_env_id`, :func:`make_env`, :func:`env_spec`, errors.
+* :mod:`.spaces` — any gymnasium space in the library's forms (image frames, flat vectors, flat actions).
 * :mod:`.actions` — :class:`UnitBoxActions`: the library's [-1, 1] continuous actions <-> env bounds.
 * :mod:`.atari` — ``ALE/<Game>-v5`` preprocessing (imports nothing from ale-py itself).
 """
@@ -19,6 +20,7 @@ from muzero_tune.envs.factory import (
     env_family,
     env_spec,
     make_env,
+    spec_of,
     validate_env_id,
 )
 from muzero_tune.envs.spec import EnvSpec, stack_frames
@@ -40,6 +42,7 @@ __all__ = [
     "env_family",
     "env_spec",
     "make_env",
+    "spec_of",
     "stack_frames",
     "unit_to_bounds",
     "validate_env_id",

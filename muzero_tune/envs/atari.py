@@ -173,6 +173,7 @@ def make_atari_env(
     clip_rewards: bool = False,
     episodic_life: bool = False,
     max_episode_steps: int | None = None,
+    make_kwargs: dict[str, Any] | None = None,
 ) -> gym.Env:
     """Build ``ALE/<Game>-v5`` emitting single uint8 frames ``[1 or 3, frame_size_px, frame_size_px]``.
 
@@ -190,6 +191,8 @@ def make_atari_env(
             default, as Machado et al. 2018 recommend).
         max_episode_steps: extra cap in agent steps (a ``TimeLimit`` outside the no-op reset); ``None``
             keeps only the ALE's 108,000-frame cap (27,000 agent steps at frameskip 4).
+        make_kwargs: more keyword arguments for ``gymnasium.make`` (``env.kwargs``; ALE settings such as
+            ``difficulty`` or ``mode``).
 
     Returns:
         The wrapped env; ``env.unwrapped.spec.kwargs`` shows the ALE settings (frameskip,
@@ -198,8 +201,11 @@ def make_atari_env(
     # The ALE renders the grayscale screen itself, so ask for it and skip an RGB copy per step.
     base = gym.make(
         env_id,
-        obs_type="grayscale" if grayscale else "rgb",
-        repeat_action_probability=float(sticky_action_prob),
+        **{
+            **(make_kwargs or {}),
+            "obs_type": "grayscale" if grayscale else "rgb",
+            "repeat_action_probability": float(sticky_action_prob),
+        },
     )
     env: gym.Env = AtariFramePreprocessing(
         base, frame_size_px=frame_size_px, noop_max=noop_max, terminal_on_life_loss=episodic_life

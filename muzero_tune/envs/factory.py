@@ -1,29 +1,25 @@
 """Environment factory: id validation, construction, cached specs, and the errors they raise.
 
-This module owns turning an ``env.*`` config (an id plus a few keyword knobs) into a gymnasium env that
-emits ONE frame per step, and into the :class:`~muzero_tune.envs.spec.EnvSpec` the model is sized from.
+This module owns turning an ``env.*`` config into a gymnasium env that emits ONE frame per step, and into the
+:class:`~muzero_tune.envs.spec.EnvSpec` the model is sized from.
 
-Supported families:
+Any registered gymnasium id works, whatever its entry point; ``module:EnvId`` imports ``module`` first (it
+registers the id, gymnasium's own syntax). ``env.kwargs`` go to ``gymnasium.make`` and ``env.wrappers``
+(import paths, with optional keyword arguments) wrap the env in order. What the agent then sees is decided
+from the env's spaces (:mod:`muzero_tune.envs.spaces`): images become uint8 ``[C, S, S]`` frames, every
+other supported observation a float32 ``[D]`` vector; ``Box`` actions are taken in [-1, 1], ``MultiDiscrete``
+ones as one flat discrete action.
 
-* vector envs: gymnasium classic control (``CartPole-v1``, ``Acrobot-v1``, ``MountainCar-v0``,
-  ``Pendulum-v1``, ``MountainCarContinuous-v0``), Box2D vector envs (``LunarLander-v3``,
-  ``LunarLanderContinuous-v3``, ...; the optional ``box2d`` extra: Box2D + pygame) and MuJoCo envs
-  (``InvertedPendulum-v5``, ...; the optional ``mujoco`` extra: mujoco + imageio). Frames are float32 ``[D]``.
-* Atari ``ALE/<Game>-v5`` (need ``ale-py``, the ``muzero-tune[atari]`` extra). Frames are uint8
-  ``[1, H, W]`` (grayscale) or ``[3, H, W]`` (RGB); see :mod:`muzero_tune.envs.atari`.
+Atari ``ALE/<Game>-v5`` ids (need ``ale-py``, the ``muzero-tune[atari]`` extra) get MuZero's preprocessing
+(:mod:`muzero_tune.envs.atari`). Box2D and MuJoCo ids name their optional extras when missing.
 
 Seeding: ``make_env(..., seed=s)`` wraps the env in :class:`SeedOnFirstReset`, which passes ``seed=s``
 to the first ``reset()`` that does not bring its own seed and seeds ``action_space`` with ``s``. Later
 resets continue the env's RNG stream (gymnasium's rule), so two envs made with the same seed give the same
 observations, rewards and episode boundaries under the same actions, episode after episode.
 
-Continuous actions: every env with a ``Box`` action space is wrapped in
-:class:`~muzero_tune.envs.actions.UnitBoxActions`, so it takes float32 ``[D]`` actions in [-1, 1] (the
-library's convention) and maps them affinely to its own bounds; unbounded action spaces are refused.
-
-Action legality: every supported env has all actions legal at every step, so the collector uses an
-all-ones mask; an env that publishes ``info["action_mask"]`` is honoured through
-:func:`action_mask_from_info`.
+Action legality: an env that publishes ``info["action_mask"]`` is honoured through
+:func:`action_mask_from_info`; otherwise every action is legal at every step.
 """
 
 from __future__ import annotations
@@ -31,18 +27,20 @@ from __future__ import annotations
 import difflib
 import functools
 import importlib
+import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
-from gymnasium.spaces import Box, Discrete
+import yaml
+from gymnasium.spaces import Discrete
 
 from muzero_tune.envs import cartpole_novel as _cartpole_novel  # noqa: F401 (registers its env id)
 from muzero_tune.envs import stochastic as _stochastic  # noqa: F401 (registers its env id)
-from muzero_tune.envs.actions import UnitBoxActions
 from muzero_tune.envs.atari import ATARI_FRAME_SIZES_PX, make_atari_env, sign_reward
+from muzero_tune.envs.spaces import SpaceError, adapt_spaces
 from muzero_tune.envs.spec import EnvSpec
 
 __all__ = [
@@ -56,28 +54,21 @@ __all__ = [
     "env_family",
     "env_spec",
     "make_env",
+    "parse_wrapper",
+    "registered_id",
+    "spec_of",
     "validate_env_id",
 ]
 
 SUPPORTED_FAMILIES = (
-    "classic control (CartPole-v1, Acrobot-v1, MountainCar-v0, Pendulum-v1, MountainCarContinuous-v0); "
-    "Box2D vector envs (LunarLander-v3, LunarLanderContinuous-v3; the box2d extra); "
-    "MuJoCo envs (InvertedPendulum-v5, ...; the mujoco extra); "
-    "Atari ALE/<Game>-v5, e.g. ALE/Pong-v5 (needs ale-py)"
+    "any registered gymnasium id (module:EnvId imports the module that registers it), e.g. CartPole-v1, "
+    "FrozenLake-v1, LunarLander-v3 (the box2d extra), InvertedPendulum-v5 (the mujoco extra), and Atari "
+    "ALE/<Game>-v5, e.g. ALE/Pong-v5 (needs ale-py)"
 )
 
 _ATARI_ID = re.compile(r"ALE/[A-Za-z0-9]+-v5")
-_VECTOR_ENTRY_PREFIXES = (
-    "gymnasium.envs.classic_control.",
-    "gymnasium.envs.box2d.",
-    "gymnasium.envs.mujoco.",
-    "muzero_tune.envs.cartpole_novel:",
-    "muzero_tune.envs.stochastic:",
-)
 _BOX2D_ENTRY_PREFIX = "gymnasium.envs.box2d."
 _MUJOCO_ENTRY_PREFIX = "gymnasium.envs.mujoco."
-# CarRacing lives in box2d but emits 96x96 RGB images without the Atari preprocessing path.
-_IMAGE_ENTRY_POINTS = ("gymnasium.envs.box2d.car_racing:CarRacing",)
 
 _ATARI_INSTALL_HINT = 'pip install "muzero-tune[atari]" (or: pip install ale-py)'
 # Optional extras per entry-point prefix: (extra name, modules it must provide, the install line).
@@ -110,7 +101,8 @@ class UnknownEnvError(EnvConfigError):
 
 
 class UnsupportedEnvError(EnvConfigError):
-    """``env.env_id`` is registered but not in a supported family (e.g. ``Pong-v4``, ``FrozenLake-v1``)."""
+    """``env.env_id``'s env has a space the library cannot take (:mod:`muzero_tune.envs.spaces`), or a
+    wrapper in ``env.wrappers`` cannot be loaded."""
 
 
 class MissingDependencyError(ImportError):
@@ -140,32 +132,55 @@ def _missing_modules(modules: tuple[str, ...]) -> list[str]:
     return missing
 
 
+def registered_id(env_id: str) -> str:
+    """The registry id of ``env_id`` (``module:EnvId`` -> ``EnvId``, after importing ``module``, which
+    registers it); raises :class:`UnknownEnvError` when the module does not import."""
+    if ":" not in env_id:
+        return env_id
+    module, name = env_id.split(":", 1)
+    try:
+        _import_with_cwd(module)
+    except ImportError as err:
+        raise UnknownEnvError(
+            f"env.env_id: {env_id!r}: cannot import module {module!r} named before ':' "
+            f"({type(err).__name__}: {err}); install its package, or run from the folder that holds it "
+            f"(or put that folder on PYTHONPATH) wherever the run and its actors start"
+        ) from None
+    return name
+
+
+def _import_with_cwd(module: str) -> Any:
+    """Import ``module``; where it is not found, once more with the working folder on ``sys.path`` (a
+    console script such as ``muzero-tune`` does not put it there, ``python -m`` and Ray's workers do)."""
+    import os
+    import sys
+
+    try:
+        return _import_module(module)
+    except ModuleNotFoundError:
+        cwd = os.getcwd()
+        if cwd in sys.path:
+            raise
+        sys.path.append(cwd)
+        return _import_module(module)
+
+
 def env_family(env_id: str) -> str | None:
-    """``"atari"``, ``"vector"`` or ``None`` (unsupported / unregistered), from the registry alone."""
+    """``"atari"`` for ``ALE/<Game>-v5`` ids, ``"gymnasium"`` for any other registered id, ``None`` when
+    it is not registered (from the registry alone)."""
     if _ATARI_ID.fullmatch(env_id):
         return "atari" if env_id in gym.registry else None
-    registered = gym.registry.get(env_id)
-    if registered is None or not isinstance(registered.entry_point, str):
-        return None
-    entry_point = registered.entry_point
-    if entry_point.startswith(_VECTOR_ENTRY_PREFIXES) and entry_point not in _IMAGE_ENTRY_POINTS:
-        return "vector"
-    return None
+    return "gymnasium" if registered_id(env_id) in gym.registry else None
 
 
-def _suggestions(env_id: str, *, supported_only: bool) -> list[str]:
-    """Close supported ids first (better advice), then, unless ``supported_only``, any registered id."""
-    supported = [name for name in gym.registry if name != env_id and env_family(name) is not None]
-    matches = difflib.get_close_matches(env_id, supported, n=3, cutoff=0.6)
-    if matches or supported_only:
-        return matches
+def _suggestions(env_id: str) -> list[str]:
     return difflib.get_close_matches(env_id, list(gym.registry), n=3, cutoff=0.6)
 
 
-def _hint(env_id: str, *, supported_only: bool = False) -> str:
-    matches = _suggestions(env_id, supported_only=supported_only)
+def _hint(env_id: str) -> str:
+    matches = _suggestions(env_id)
     did_you_mean = f" Did you mean {' or '.join(repr(m) for m in matches)}?" if matches else ""
-    return f"{did_you_mean} Supported families: {SUPPORTED_FAMILIES}."
+    return f"{did_you_mean} Supported: {SUPPORTED_FAMILIES}."
 
 
 def validate_env_id(env_id: str) -> None:
@@ -174,28 +189,23 @@ def validate_env_id(env_id: str) -> None:
     Raises:
         MissingDependencyError: an ``ALE/`` id without ale-py, a Box2D id without the ``box2d`` extra, a
             MuJoCo id without the ``mujoco`` extra (one line naming the extra and how to install it).
-        UnknownEnvError: not registered in gymnasium (message names ``env.env_id``, the value, close matches
-            and the supported families).
-        UnsupportedEnvError: registered but outside the supported families.
+        UnknownEnvError: not registered in gymnasium, or the module of ``module:EnvId`` does not import
+            (message names ``env.env_id``, the value and close matches).
     """
     if not isinstance(env_id, str) or not env_id:
         raise UnknownEnvError(f"env.env_id: expected a non-empty gymnasium id string, got {env_id!r}.")
     if env_id.startswith("ALE/"):
         _ensure_ale_registered()
-    if env_id not in gym.registry:
+    name = registered_id(env_id)
+    if name not in gym.registry:
         # Register the Atari ids (when available) so "Pong-v5" can be matched to "ALE/Pong-v5".
         try:
             _ensure_ale_registered()
         except MissingDependencyError:
             pass
-        if env_id not in gym.registry:
-            raise UnknownEnvError(f"env.env_id: unknown environment id {env_id!r}.{_hint(env_id)}")
-    family = env_family(env_id)
-    if family is None:
-        raise UnsupportedEnvError(
-            f"env.env_id: {env_id!r} is registered but not supported.{_hint(env_id, supported_only=True)}"
-        )
-    entry_point = gym.registry[env_id].entry_point
+        if name not in gym.registry:
+            raise UnknownEnvError(f"env.env_id: unknown environment id {env_id!r}.{_hint(name)}")
+    entry_point = gym.registry[name].entry_point
     for prefix, extra, modules, install in _OPTIONAL_EXTRAS:
         if not (isinstance(entry_point, str) and entry_point.startswith(prefix)):
             continue
@@ -205,6 +215,32 @@ def validate_env_id(env_id: str) -> None:
                 f"env.env_id: {env_id!r} needs the optional {extra} extra (missing: {', '.join(missing)}): "
                 f"{install}"
             )
+
+
+def parse_wrapper(spec: str) -> tuple[Callable[..., gym.Env], dict[str, Any]]:
+    """``'module:Name'`` or ``'module:Name {key: value, ...}'`` (keyword arguments as a YAML mapping) ->
+    (the imported callable, its keyword arguments); an :class:`UnsupportedEnvError` naming
+    ``env.wrappers`` otherwise."""
+    path, _, rest = spec.strip().partition(" ")
+    module, sep, name = path.partition(":")
+    if not sep or not module or not name:
+        raise UnsupportedEnvError(f"env.wrappers: {spec!r}: expected 'module:Name' or 'module:Name {{k: v}}'")
+    try:
+        kwargs = yaml.safe_load(rest) if rest.strip() else {}
+    except yaml.YAMLError as err:
+        raise UnsupportedEnvError(f"env.wrappers: {spec!r}: keyword arguments are not YAML ({err})") from None
+    if not isinstance(kwargs, dict):
+        raise UnsupportedEnvError(f"env.wrappers: {spec!r}: keyword arguments must be a mapping {{k: v}}")
+    try:
+        obj: Any = _import_with_cwd(module)
+        for part in name.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as err:
+        why = f"{type(err).__name__}: {err}"
+        raise UnsupportedEnvError(f"env.wrappers: {spec!r}: cannot load it ({why})") from None
+    if not callable(obj):
+        raise UnsupportedEnvError(f"env.wrappers: {spec!r} is not callable")
+    return obj, kwargs
 
 
 def _check_options(
@@ -254,45 +290,42 @@ class SeedOnFirstReset(gym.Wrapper):
         return self.env.reset(seed=seed, options=options)
 
 
-class _Float32Frames(gym.ObservationWrapper):
-    """Casts vector observations to float32 ``[D]`` (the frame dtype replay and the models expect)."""
-
-    def __init__(self, env: gym.Env) -> None:
-        super().__init__(env)
-        space = env.observation_space
-        self.observation_space = Box(
-            low=space.low.astype(np.float32), high=space.high.astype(np.float32), dtype=np.float32
-        )
-
-    def observation(self, observation: Any) -> np.ndarray:
-        return np.asarray(observation, dtype=np.float32)
-
-
-def _make_vector_env(env_id: str, *, clip_rewards: bool, max_episode_steps: int | None) -> gym.Env:
-    # None keeps the registered TimeLimit (e.g. 500 steps for CartPole-v1); a value replaces it.
-    env = gym.make(env_id, max_episode_steps=max_episode_steps)
-    space = env.observation_space
-    if not isinstance(space, Box) or len(space.shape) != 1:
-        env.close()
-        raise UnsupportedEnvError(f"env.env_id: {env_id!r} does not emit a vector observation ({space}).")
-    action_space = env.action_space
-    if not (
-        isinstance(action_space, Discrete) or (isinstance(action_space, Box) and len(action_space.shape) == 1)
-    ):
-        env.close()
-        raise UnsupportedEnvError(f"env.env_id: {env_id!r} has an unsupported action space ({action_space}).")
-    if space.dtype != np.float32:
-        env = _Float32Frames(env)
-    if isinstance(action_space, Box):
-        if not (np.all(np.isfinite(action_space.low)) and np.all(np.isfinite(action_space.high))):
-            env.close()
-            raise UnsupportedEnvError(
-                f"env.env_id: {env_id!r} has unbounded continuous actions ({action_space}); "
-                "only finite Box bounds can be mapped from the library's [-1, 1]"
-            )
-        env = UnitBoxActions(env)
+def _make_gym_env(
+    env_id: str,
+    *,
+    kwargs: Mapping[str, Any],
+    wrappers: tuple[str, ...],
+    clip_rewards: bool,
+    max_episode_steps: int | None,
+    frame_size_px: int,
+    grayscale: bool,
+) -> gym.Env:
+    # max_episode_steps None keeps the registered TimeLimit (CartPole-v1: 500 steps); a value replaces it
+    try:
+        env = gym.make(env_id, max_episode_steps=max_episode_steps, **dict(kwargs))
+    except TypeError as err:
+        raise EnvConfigError(
+            f"env.kwargs: {dict(kwargs)!r}: gymnasium.make({env_id!r}) refused them ({err})"
+        ) from None
+    env = _apply_wrappers(env, wrappers)
+    try:
+        env = adapt_spaces(env, env_id, frame_size_px=frame_size_px, grayscale=grayscale)
+    except SpaceError as err:
+        raise UnsupportedEnvError(str(err)) from None
     if clip_rewards:
         env = gym.wrappers.TransformReward(env, sign_reward)
+    return env
+
+
+def _apply_wrappers(env: gym.Env, wrappers: tuple[str, ...]) -> gym.Env:
+    for spec in wrappers:
+        wrapper, wrapper_kwargs = parse_wrapper(spec)
+        try:
+            env = wrapper(env, **wrapper_kwargs)
+        except Exception as err:
+            env.close()
+            why = f"{type(err).__name__}: {err}"
+            raise UnsupportedEnvError(f"env.wrappers: {spec!r} failed on the env ({why})") from None
     return env
 
 
@@ -307,29 +340,35 @@ def make_env(
     clip_rewards: bool = False,
     episodic_life: bool = False,
     max_episode_steps: int | None = None,
+    kwargs: Mapping[str, Any] | None = None,
+    wrappers: tuple[str, ...] = (),
 ) -> gym.Env:
-    """Build an env emitting ONE frame per step: float32 ``[D]`` (vector) or uint8 ``[C, H, W]`` (Atari).
+    """Build an env emitting ONE frame per step: float32 ``[D]`` (vectors) or uint8 ``[C, S, S]`` (images).
 
-    Continuous-action envs take float32 ``[D]`` actions in [-1, 1] (:class:`UnitBoxActions`).
+    Continuous-action envs take float32 ``[D]`` actions in [-1, 1]; see :mod:`muzero_tune.envs.spaces`
+    for every space.
 
     Args:
-        env_id: a supported gymnasium id (see :data:`SUPPORTED_FAMILIES`).
+        env_id: any registered gymnasium id, ``module:EnvId``, or ``ALE/<Game>-v5``.
         seed: if given, used by the first ``reset()`` without its own seed, and seeds ``action_space``
             (see :class:`SeedOnFirstReset`); ``None`` leaves seeding to the caller.
-        frame_size_px: Atari frame side in pixels, one of (64, 96). Validated for every id.
-        grayscale: Atari: 1 luminance channel; ``False`` keeps RGB (3 channels).
+        frame_size_px: image frame side S in pixels, one of (64, 96). Validated for every id.
+        grayscale: images: 1 luminance channel; ``False`` keeps their colour channels.
         sticky_action_prob: Atari ``repeat_action_probability``; 0.25 is the ALE v5 default.
         noop_max: Atari: up to this many random no-ops at reset (MuZero/DQN use 30); 0 disables.
-        clip_rewards: replace rewards by their sign (any family). Off by default.
+        clip_rewards: replace rewards by their sign (any env). Off by default.
         episodic_life: Atari: ``terminated`` on life loss, next reset restarts the game. Off by default.
-        max_episode_steps: cap in agent steps. ``None``: the registered cap for vector envs (CartPole-v1:
-            500), the ALE's 108,000 frames (27,000 agent steps) for Atari.
+        max_episode_steps: cap in agent steps. ``None``: the registered cap (CartPole-v1: 500), the ALE's
+            108,000 frames (27,000 agent steps) for Atari.
+        kwargs: keyword arguments for ``gymnasium.make`` (``env.kwargs``).
+        wrappers: ``env.wrappers``, applied in order after ``gymnasium.make`` (:func:`parse_wrapper`).
 
-    The Atari-only knobs are ignored for vector envs.
+    The Atari-only knobs are ignored for other envs.
 
     Raises:
-        UnknownEnvError, UnsupportedEnvError, MissingDependencyError: from :func:`validate_env_id`.
-        EnvConfigError: a knob out of range (the message names its ``env.*`` key).
+        UnknownEnvError, MissingDependencyError: from :func:`validate_env_id`.
+        UnsupportedEnvError: a space the library cannot take, or a wrapper that does not load or apply.
+        EnvConfigError: a knob out of range or refused ``env.kwargs`` (the message names its ``env.*`` key).
     """
     validate_env_id(env_id)
     _check_options(
@@ -349,26 +388,55 @@ def make_env(
             clip_rewards=bool(clip_rewards),
             episodic_life=bool(episodic_life),
             max_episode_steps=max_episode_steps,
+            make_kwargs=dict(kwargs or {}),
         )
+        env = _apply_wrappers(env, tuple(wrappers))
     else:
-        env = _make_vector_env(env_id, clip_rewards=bool(clip_rewards), max_episode_steps=max_episode_steps)
+        env = _make_gym_env(
+            env_id, kwargs=kwargs or {}, wrappers=tuple(wrappers), clip_rewards=bool(clip_rewards),
+            max_episode_steps=max_episode_steps, frame_size_px=int(frame_size_px), grayscale=bool(grayscale),
+        )  # fmt: skip
     if seed is not None:
         env = SeedOnFirstReset(env, int(seed))
     return env
 
 
-@functools.lru_cache(maxsize=256)
 def env_spec(
-    env_id: str, *, frame_stack: int = 1, frame_size_px: int = 64, grayscale: bool = True
+    env_id: str,
+    *,
+    frame_stack: int = 1,
+    frame_size_px: int = 64,
+    grayscale: bool = True,
+    kwargs: Mapping[str, Any] | None = None,
+    wrappers: tuple[str, ...] = (),
 ) -> EnvSpec:
-    """The :class:`EnvSpec` of ``make_env(env_id, frame_size_px=..., grayscale=...)`` with ``frame_stack``.
+    """The :class:`EnvSpec` of ``make_env(env_id, frame_size_px=..., grayscale=..., kwargs=...,
+    wrappers=...)`` with ``frame_stack``.
 
     Builds and closes a throwaway env (never reset); cached per arguments because callers ask often.
-    ``frame_size_px`` and ``grayscale`` only matter for Atari ids.
     """
     if isinstance(frame_stack, bool) or not isinstance(frame_stack, int) or frame_stack < 1:
         raise EnvConfigError(f"env.frame_stack: must be an integer >= 1, got {frame_stack!r}")
-    env = make_env(env_id, frame_size_px=frame_size_px, grayscale=grayscale, noop_max=0)
+    kwargs_json = json.dumps(dict(kwargs or {}), sort_keys=True, default=repr)
+    return _cached_spec(
+        env_id, frame_stack, int(frame_size_px), bool(grayscale), kwargs_json, tuple(wrappers)
+    )
+
+
+def spec_of(env_cfg: Any) -> EnvSpec:
+    """The :class:`EnvSpec` of an ``env.*`` config section (``EnvConfig``), cached."""
+    return env_spec(
+        env_cfg.env_id, frame_stack=env_cfg.frame_stack, frame_size_px=env_cfg.frame_size_px,
+        grayscale=env_cfg.grayscale, kwargs=env_cfg.kwargs, wrappers=env_cfg.wrappers,
+    )  # fmt: skip
+
+
+@functools.lru_cache(maxsize=256)
+def _cached_spec(
+    env_id: str, frame_stack: int, frame_size_px: int, grayscale: bool, kwargs_json: str, wrappers: tuple
+) -> EnvSpec:
+    env = make_env(env_id, frame_size_px=frame_size_px, grayscale=grayscale, noop_max=0,
+                   kwargs=json.loads(kwargs_json), wrappers=wrappers)  # fmt: skip
     try:
         obs_space, action_space = env.observation_space, env.action_space
     finally:

@@ -45,6 +45,8 @@ def env_factory(cfg: ExperimentConfig, *, evaluation: bool = False) -> Callable[
             max_episode_steps=(cfg.eval.max_episode_steps or ec.max_episode_steps)
             if evaluation
             else ec.max_episode_steps,
+            kwargs=ec.kwargs,
+            wrappers=ec.wrappers,
         )
 
     return make

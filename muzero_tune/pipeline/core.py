@@ -24,11 +24,11 @@ import numpy as np
 import torch
 
 from muzero_tune.config import ExperimentConfig, to_flat_dict
-from muzero_tune.envs import env_spec
+from muzero_tune.envs import spec_of
 from muzero_tune.pipeline import schedule
 from muzero_tune.pipeline.learner import Learner, LearnOutput
 from muzero_tune.pipeline.messages import CollectResult, EvalResult
-from muzero_tune.policies.base import check_action_kind
+from muzero_tune.policies.base import check_action_kind, with_model_kind
 from muzero_tune.policies.registry import get_policy_class, policy_types_for
 from muzero_tune.replay.buffer import ReplayBuffer, SampledIndices
 from muzero_tune.replay.targets import PendingBootstrap, TrainBatch, reanalyze_positions
@@ -82,12 +82,8 @@ def setup_torch_threads() -> None:
 
 
 def make_spec(cfg: ExperimentConfig):
-    return env_spec(
-        cfg.env.env_id,
-        frame_stack=cfg.env.frame_stack,
-        frame_size_px=cfg.env.frame_size_px,
-        grayscale=cfg.env.grayscale,
-    )
+    """The env spec of ``cfg.env`` (cached)."""
+    return spec_of(cfg.env)
 
 
 def check_policy_env(cfg: ExperimentConfig):
@@ -100,6 +96,7 @@ def check_policy_env(cfg: ExperimentConfig):
         check_action_kind(
             cls, spec, policy_type=cfg.policy.type, alternatives=policy_types_for(spec.action_kind)
         )
+    with_model_kind(cfg, spec)  # model.kind fits the env's frames
     return cls, spec
 
 

@@ -113,7 +113,7 @@ class Policy(ABC):
 
     def __init__(self, cfg: ExperimentConfig, spec: EnvSpec):
         check_action_kind(type(self), spec, policy_type=self.name or type(self).__name__)
-        self.cfg = cfg
+        self.cfg = with_model_kind(cfg, spec)  # model.kind=auto resolved from the env's frames
         self.spec = spec
 
     # ---------------------------------------------------------------- model and acting
@@ -297,6 +297,22 @@ class Policy(ABC):
         self, model: torch.nn.Module, target_model: torch.nn.Module
     ) -> None:
         """Run by the driver after each completed train budget (one collect's worth of train steps)."""
+
+
+def with_model_kind(cfg: ExperimentConfig, spec: EnvSpec) -> ExperimentConfig:
+    """``cfg`` with ``model.kind=auto`` resolved: ``conv`` for image frames ``[C, H, W]``, ``mlp`` for
+    vectors; raises :class:`ConfigError` for ``mlp`` on images or ``conv`` on vectors."""
+    import dataclasses
+
+    image = len(spec.frame_shape) == 3
+    kind = cfg.model.kind
+    if kind == "auto":
+        return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, kind="conv" if image else "mlp"))
+    if (kind == "mlp") == image:
+        what = f"{'image' if image else 'vector'} observations {spec.frame_shape}"
+        want = "conv" if image else "mlp"
+        raise ConfigError("model.kind", kind, f"{spec.env_id} has {what}: use model.kind={want} or auto")
+    return cfg
 
 
 def model_device(model: torch.nn.Module) -> torch.device:

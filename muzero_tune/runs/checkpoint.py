@@ -231,7 +231,7 @@ def policy_from_checkpoint(ckpt: dict, *, device: str = "cpu", overrides: dict[s
     ``ConfigError``.
     """
     from muzero_tune.config import ConfigError, apply_overrides, from_flat_dict, validate
-    from muzero_tune.envs import env_spec
+    from muzero_tune.envs import spec_of
     from muzero_tune.policies.registry import get_policy_class
 
     cfg = from_flat_dict(ckpt["config"])
@@ -241,12 +241,7 @@ def policy_from_checkpoint(ckpt: dict, *, device: str = "cpu", overrides: dict[s
                 allowed = ", ".join(f"{s}.*" for s in EVAL_OVERRIDE_SECTIONS)
                 raise ConfigError(key, value, f"a checkpoint is re-evaluated with {allowed} keys only")
         cfg = validate(apply_overrides(cfg, overrides), check_env=False)
-    spec = env_spec(
-        cfg.env.env_id,
-        frame_stack=cfg.env.frame_stack,
-        frame_size_px=cfg.env.frame_size_px,
-        grayscale=cfg.env.grayscale,
-    )
+    spec = spec_of(cfg.env)
     policy = get_policy_class(cfg.policy.type)(cfg, spec)
     model = place_model(policy.build_model(), device=device, channels_last=cfg.model.channels_last)
     model.load_state_dict(ckpt["evaluated"]["weights"])

@@ -1,0 +1,204 @@
+"""What the agent sees of any gymnasium env: its observation and action spaces in the library's forms.
+
+What this module owns
+    Deciding, from an env's spaces alone (never from its name), how its observations become the library's
+    single frames and how the library's actions reach it:
+
+    * observations: a ``Box`` image (``[H, W]``, or ``[H, W, C]`` with C <= 4, uint8 or float) becomes a
+      uint8 ``[C, S, S]`` frame, S = ``env.frame_size_px`` (area-averaged down, repeated up; optionally
+      grayscale), as Atari screens do (:class:`ImageFrames`); every other supported space -- ``Box`` of
+      any shape, ``Discrete`` (one-hot), ``MultiBinary``, ``MultiDiscrete`` (one-hot per factor) and
+      ``Dict`` / ``Tuple`` of these -- becomes a flat float32 ``[D]`` vector (:class:`FlatVectorFrames`,
+      gymnasium's ``flatten`` rule: ``Dict`` entries in key order);
+    * actions: ``Discrete`` (offset by its ``start``), ``Box`` with finite bounds (``[-1, 1]`` mapped to
+      them, :class:`~muzero_tune.envs.actions.UnitBoxActions`), ``MultiDiscrete`` as one flat discrete
+      action over its factors' product, up to :data:`MAX_FLAT_ACTIONS` (:class:`FlatMultiDiscreteActions`);
+    * anything else (``Text``, ``Graph``, ``Sequence``, unbounded ``Box`` actions, images inside a ``Dict``)
+      is refused with one line naming the space and what is supported, before any work starts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from muzero_tune.envs.actions import UnitBoxActions
+from muzero_tune.envs.atari import area_resize
+
+__all__ = [
+    "MAX_FLAT_ACTIONS",
+    "FlatMultiDiscreteActions",
+    "FlatVectorFrames",
+    "ImageFrames",
+    "OffsetDiscreteActions",
+    "SpaceError",
+    "adapt_spaces",
+    "is_image_space",
+]
+
+MAX_FLAT_ACTIONS = 4096  # the largest MultiDiscrete product taken as one flat discrete action
+_FLAT_LEAVES = (spaces.Box, spaces.Discrete, spaces.MultiBinary, spaces.MultiDiscrete)
+_OBSERVATIONS = "Box (vectors of any shape, or images [H, W] / [H, W, C<=4]), Discrete, MultiBinary, " \
+    "MultiDiscrete, and Dict / Tuple of the non-image ones"  # fmt: skip
+_ACTIONS = "Discrete, Box with finite bounds, MultiDiscrete (up to {n} combinations)"
+
+
+class SpaceError(ValueError):
+    """An env space the library cannot take; the message names the space and what is supported."""
+
+
+def is_image_space(space: gym.Space) -> bool:
+    """A ``Box`` laid out as an image: ``[H, W]`` or ``[H, W, C]`` with C <= 4 and H, W >= 8."""
+    if not isinstance(space, spaces.Box):
+        return False
+    shape = space.shape
+    if len(shape) == 2:
+        return min(shape) >= 8
+    return len(shape) == 3 and shape[2] <= 4 and min(shape[:2]) >= 8
+
+
+def _check_flat(space: gym.Space, env_id: str, where: str = "observation space") -> None:
+    if isinstance(space, (spaces.Dict, spaces.Tuple)):
+        for sub in space.spaces.values() if isinstance(space, spaces.Dict) else space.spaces:
+            if is_image_space(sub):
+                raise SpaceError(
+                    f"env.env_id: {env_id!r} has an image inside its {where} ({sub} in {space}); take the "
+                    f"image alone with a wrapper (env.wrappers). Supported: {_OBSERVATIONS}"
+                )
+            _check_flat(sub, env_id, where)
+        return
+    if not isinstance(space, _FLAT_LEAVES):
+        raise SpaceError(
+            f"env.env_id: {env_id!r} has an unsupported {where} {space}. Supported: {_OBSERVATIONS}"
+        )
+
+
+class FlatVectorFrames(gym.ObservationWrapper):
+    """Any flattenable observation space -> float32 ``[D]`` (gymnasium's ``spaces.flatten``)."""
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        self._source = env.observation_space
+        flat = spaces.flatten_space(self._source)
+        self.observation_space = spaces.Box(
+            low=flat.low.astype(np.float32), high=flat.high.astype(np.float32), dtype=np.float32
+        )
+
+    def observation(self, observation: Any) -> np.ndarray:
+        return np.asarray(spaces.flatten(self._source, observation), dtype=np.float32)
+
+
+class ImageFrames(gym.ObservationWrapper):
+    """An image ``[H, W]`` / ``[H, W, C]`` -> uint8 ``[C', S, S]`` (C' = 1 when ``grayscale``, else C).
+
+    Float images are scaled from the space's bounds to 0..255 (or taken as 0..1 where unbounded); each side is
+    area-averaged down to S, or repeated up to a multiple of S then averaged, so any size reaches S."""
+
+    def __init__(self, env: gym.Env, *, size_px: int, grayscale: bool) -> None:
+        super().__init__(env)
+        space = env.observation_space
+        self.size_px, self.grayscale = int(size_px), bool(grayscale)
+        channels = 1 if len(space.shape) == 2 else space.shape[2]
+        self._to_gray = grayscale and channels in (3, 4)
+        out_channels = 1 if self._to_gray else channels
+        self._uint8 = space.dtype == np.uint8
+        low, high = np.min(space.low), np.max(space.high)
+        bounded = np.isfinite(low + high) and high > low
+        self._lo, self._span = (float(low), float(high - low)) if bounded else (0.0, 1.0)
+        self.observation_space = spaces.Box(0, 255, shape=(out_channels, self.size_px, self.size_px),
+                                            dtype=np.uint8)  # fmt: skip
+
+    def observation(self, observation: Any) -> np.ndarray:
+        img = np.asarray(observation)
+        if not self._uint8:
+            img = np.clip((img.astype(np.float32) - self._lo) / self._span * 255.0, 0.0, 255.0)
+        img = img[..., None] if img.ndim == 2 else img
+        if self._to_gray:  # ITU-R 601 luma, as the ALE's grayscale screen
+            img = img[..., :3].astype(np.float32) @ np.array([0.299, 0.587, 0.114], np.float32)
+            img = img[..., None]
+        chw = np.moveaxis(np.rint(img).astype(np.uint8) if img.dtype != np.uint8 else img, -1, 0)
+        return _resize(chw, self.size_px)
+
+
+def _resize(chw: np.ndarray, size_px: int) -> np.ndarray:
+    """uint8 ``[C, H, W]`` -> ``[C, S, S]``: repeat each axis up to a multiple of S where it is smaller,
+    then area-average down."""
+    for axis in (1, 2):
+        n = chw.shape[axis]
+        if n < size_px:
+            chw = np.repeat(chw, -(-size_px // n), axis=axis)
+    if chw.shape[1:] == (size_px, size_px):
+        return np.ascontiguousarray(chw)
+    return area_resize(chw, height_px=size_px, width_px=size_px)
+
+
+class OffsetDiscreteActions(gym.ActionWrapper):
+    """Actions 0..n-1 -> a ``Discrete(n, start)`` env's start..start+n-1."""
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        self._start = int(env.action_space.start)
+        self.action_space = spaces.Discrete(int(env.action_space.n))
+
+    def action(self, action: Any) -> int:
+        return int(action) + self._start
+
+
+class FlatMultiDiscreteActions(gym.ActionWrapper):
+    """One flat discrete action over a ``MultiDiscrete(nvec)`` env's factors (row-major index)."""
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        space = env.action_space
+        self._nvec = tuple(int(n) for n in np.asarray(space.nvec).reshape(-1))
+        self._shape = space.shape
+        self._start = np.asarray(getattr(space, "start", 0))
+        self.action_space = spaces.Discrete(int(np.prod(self._nvec)))
+
+    def action(self, action: Any) -> np.ndarray:
+        factors = np.array(np.unravel_index(int(action), self._nvec), dtype=np.int64).reshape(self._shape)
+        return factors + self._start
+
+
+def adapt_spaces(env: gym.Env, env_id: str, *, frame_size_px: int, grayscale: bool) -> gym.Env:
+    """``env`` wrapped so it emits the library's single frames and takes its actions (module docstring).
+
+    Raises :class:`SpaceError` (closing ``env``) for a space the library cannot take."""
+    try:
+        obs, act = env.observation_space, env.action_space
+        if is_image_space(obs):
+            env = ImageFrames(env, size_px=frame_size_px, grayscale=grayscale)
+        else:
+            _check_flat(obs, env_id)
+            if not (isinstance(obs, spaces.Box) and len(obs.shape) == 1 and obs.dtype == np.float32):
+                env = FlatVectorFrames(env)
+        if isinstance(act, spaces.Discrete):
+            if int(act.start) != 0:
+                env = OffsetDiscreteActions(env)
+        elif isinstance(act, spaces.Box) and len(act.shape) == 1:
+            if not (np.all(np.isfinite(act.low)) and np.all(np.isfinite(act.high))):
+                raise SpaceError(
+                    f"env.env_id: {env_id!r} has unbounded continuous actions ({act}); only finite Box "
+                    f"bounds can be mapped from the library's [-1, 1]"
+                )
+            env = UnitBoxActions(env)
+        elif isinstance(act, spaces.MultiDiscrete):
+            combos = int(np.prod(np.asarray(act.nvec, dtype=np.int64)))
+            if combos > MAX_FLAT_ACTIONS:
+                raise SpaceError(
+                    f"env.env_id: {env_id!r} has {combos} action combinations ({act}), more than the "
+                    f"{MAX_FLAT_ACTIONS} a flat discrete action may have"
+                )
+            env = FlatMultiDiscreteActions(env)
+        else:
+            raise SpaceError(
+                f"env.env_id: {env_id!r} has an unsupported action space {act}. Supported: "
+                + _ACTIONS.format(n=MAX_FLAT_ACTIONS)
+            )
+    except BaseException:
+        env.close()
+        raise
+    return env

@@ -1,0 +1,77 @@
+"""Envs written as a user would write their own, registered on import: ``env.env_id`` names them as
+``tests.user_envs:<EnvId>``, and gymnasium imports this module first.
+
+``UserCorridor-v0``: walk right along a corridor of ``length`` cells to its end (reward 1, episode over);
+each step costs ``step_cost``. Observations are a ``Dict``: the position as ``Discrete(length)`` and the
+steps left as a ``Box``; actions a ``MultiDiscrete([2, 2])`` (direction, and a flag that does nothing), so
+the library's flattening of both is exercised.
+
+``UserTextObs-v0``: an env whose observations are ``Text`` (a space the library refuses).
+
+:class:`StepsTaken` is a wrapper with keyword arguments: it adds the steps taken so far to ``info``.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+
+class UserCorridor(gym.Env):
+    def __init__(self, length: int = 5, step_cost: float = 0.0, max_steps: int = 50):
+        self.length, self.step_cost, self.max_steps = int(length), float(step_cost), int(max_steps)
+        self.observation_space = spaces.Dict({
+            "position": spaces.Discrete(self.length),
+            "steps_left": spaces.Box(0.0, float(self.max_steps), shape=(1,), dtype=np.float32),
+        })
+        self.action_space = spaces.MultiDiscrete([2, 2])
+        self._pos = self._t = 0
+
+    def _obs(self):
+        return {"position": self._pos, "steps_left": np.array([self.max_steps - self._t], np.float32)}
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self._pos, self._t = 0, 0
+        return self._obs(), {}
+
+    def step(self, action):
+        direction = int(np.asarray(action)[0])
+        self._pos = int(np.clip(self._pos + (1 if direction == 1 else -1), 0, self.length - 1))
+        self._t += 1
+        done = self._pos == self.length - 1
+        reward = (1.0 if done else 0.0) - self.step_cost
+        return self._obs(), reward, done, self._t >= self.max_steps and not done, {}
+
+
+class UserTextObs(gym.Env):
+    observation_space = spaces.Text(8)
+    action_space = spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return "a", {}
+
+    def step(self, action):
+        return "a", 0.0, True, False, {}
+
+
+class StepsTaken(gym.Wrapper):
+    def __init__(self, env: gym.Env, key: str = "steps_taken"):
+        super().__init__(env)
+        self.key, self._n = key, 0
+
+    def reset(self, **kwargs):
+        self._n = 0
+        return self.env.reset(**kwargs)
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self._n += 1
+        return obs, reward, terminated, truncated, {**info, self.key: self._n}
+
+
+for _name, _cls in (("UserCorridor-v0", "UserCorridor"), ("UserTextObs-v0", "UserTextObs")):
+    if _name not in gym.registry:
+        gym.register(_name, entry_point=f"{__name__}:{_cls}")
