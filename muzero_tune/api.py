@@ -42,6 +42,7 @@ class Evaluation:
     reward_std: float
     episode_returns: tuple[float, ...]
     reported_reward_mean: float | None
+    videos: tuple[str, ...] = ()  # the mp4 files written (``video_dir``)
 
 
 def evaluate(
@@ -51,14 +52,18 @@ def evaluate(
     seed: int | None = None,
     overrides: Mapping[str, object] | None = None,
     on_skipped: Callable[[str, str], None] | None = None,
+    video_dir: str | None = None,
+    video_episodes: int = 1,
 ) -> Evaluation:
     """Greedy evaluation episodes of the evaluated snapshot in ``checkpoint`` (a checkpoint file or a run
     folder: its latest undamaged checkpoint; ``on_skipped(path, problem)`` hears of each damaged one).
     ``overrides``: eval.* / mcts.* settings to evaluate with (validated); ``seed`` defaults to the run's
-    evaluation seed, ``episodes`` to ``eval.n_episodes``."""
-    from muzero_tune.pipeline.core import EVAL_SEED_OFFSET, setup_torch_threads
+    evaluation seed, ``episodes`` to ``eval.n_episodes``. ``video_dir``: record the first env's first
+    ``video_episodes`` episodes there as mp4 files (and into the run's MLflow run, when it has one)."""
+    from muzero_tune.pipeline.core import EVAL_SEED_OFFSET, check_video_for, setup_torch_threads
     from muzero_tune.pipeline.evaluator import Evaluator
     from muzero_tune.runs.checkpoint import find_checkpoint, policy_from_checkpoint
+    from muzero_tune.runs.videos import log_videos_to_run, write_videos
 
     setup_torch_threads()
     found = find_checkpoint(checkpoint)
@@ -68,11 +73,23 @@ def evaluate(
     ckpt = found.checkpoint
     cfg, policy, model = policy_from_checkpoint(ckpt, overrides=dict(overrides or {}))
     eval_seed = cfg.seed + EVAL_SEED_OFFSET if seed is None else seed
-    evaluator = Evaluator(cfg, policy, policy.spec, seed=eval_seed)
+    if video_dir is not None:
+        check_video_for(cfg, asked_by=("--video", video_dir))
+    # more than one recorded episode: every episode on the first (recording) env, in the same seed order
+    one_env = video_dir is not None and video_episodes > 1
+    evaluator = Evaluator(cfg, policy, policy.spec, seed=eval_seed, video=video_dir is not None,
+                          num_envs=1 if one_env else None)  # fmt: skip
+    version = ckpt["evaluated"]["version"]
     try:
-        res = evaluator.evaluate(model, n_episodes=episodes, policy_version=ckpt["evaluated"]["version"])
+        res = evaluator.evaluate(
+            model, n_episodes=episodes, policy_version=version,
+            video_name=f"eval_v{version}" if video_dir is not None else None, video_episodes=video_episodes,
+        )  # fmt: skip
     finally:
         evaluator.close()
+    videos = write_videos(video_dir, res.videos) if video_dir is not None else ()
+    if videos:
+        log_videos_to_run(found.run_dir, cfg, videos)
     return Evaluation(
         checkpoint=found.path,
         version=res.policy_version,
@@ -80,6 +97,7 @@ def evaluate(
         reward_std=res.reward_std,
         episode_returns=tuple(float(x) for x in res.episode_returns),
         reported_reward_mean=ckpt["evaluated"]["metrics"].get("reward_mean"),
+        videos=videos,
     )
 
 

@@ -122,6 +122,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ev.add_argument("--seed", type=int, default=None, help="evaluation seed (default: the run's)")
     ev.add_argument(
+        "--video", metavar="DIR", default=None,
+        help="record episodes as mp4 files in DIR (and in the run's MLflow run); needs the video extra",
+    )  # fmt: skip
+    ev.add_argument(
+        "--video-episodes", type=positive_int, default=1, help="with --video: how many episodes (default 1)"
+    )
+    ev.add_argument(
         "--set",
         metavar="KEY=VALUE",
         action="append",
@@ -305,7 +312,11 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         seed=args.seed,
         overrides=overrides,
         on_skipped=lambda path, problem: _note(f"skipping damaged checkpoint {path}: {problem}"),
+        video_dir=args.video,
+        video_episodes=args.video_episodes,
     )
+    for path in res.videos:
+        _note(f"video: {path}")
     print(
         json.dumps(
             {

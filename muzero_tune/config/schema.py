@@ -265,6 +265,12 @@ class EvalConfig:
         "value) or min (0 after min-max)",
         choices=("parent", "min"),
     )
+    video_every: int = param(
+        0,
+        "record the first episode of every N-th evaluation as an mp4 (the run folder's videos/, and MLflow); "
+        "0: never. Needs an env that renders rgb_array frames and the video extra",
+        ge=0,
+    )
 
 
 @dataclass(frozen=True)

@@ -150,9 +150,10 @@ class EvaluatorWorker(_Worker):
             seed=self.cfg.seed + EVAL_SEED_OFFSET,
             make=self._make,
             actor_id=actor_id,
+            video=self.cfg.eval.video_every > 0,
         )
 
-    def evaluate(self, snapshot_box: list[WeightsSnapshot]) -> EvalResult:
+    def evaluate(self, snapshot_box: list[WeightsSnapshot], video_name: str | None = None) -> EvalResult:
         self._load(snapshot_box[0])
-        res = self.worker.evaluate(self.model, policy_version=snapshot_box[0].version)
+        res = self.worker.evaluate(self.model, policy_version=snapshot_box[0].version, video_name=video_name)
         return dataclasses.replace(res, weights_digest=self.digest, node_id=self.node_id)

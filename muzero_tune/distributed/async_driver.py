@@ -44,7 +44,13 @@ from muzero_tune.distributed.weights import WeightPublisher
 from muzero_tune.envs.faults import FaultSpec
 from muzero_tune.pipeline import schedule
 from muzero_tune.pipeline.collector import visit_temperature
-from muzero_tune.pipeline.core import DriverCore, RunSummary, check_policy_env, setup_torch_threads
+from muzero_tune.pipeline.core import (
+    DriverCore,
+    RunSummary,
+    check_policy_env,
+    setup_torch_threads,
+    video_name,
+)
 from muzero_tune.pipeline.learner import resolve_device
 from muzero_tune.pipeline.messages import CollectResult, EvalResult, segments_digest
 from muzero_tune.runs.checkpoint import load_checkpoint
@@ -213,7 +219,9 @@ class AsyncDriver:
         slot = free[self._rr_eval % len(free)]
         self._rr_eval += 1
         snap, weights = self.weights.current()
-        ref = slot.handle.evaluate.remote([snap])
+        # the evaluation index this one will get (results are recorded in launch order)
+        name = video_name(self.cfg, self.core.counters.eval_index + len(self.evals) + 1, snap.version)
+        ref = slot.handle.evaluate.remote([snap], name)
         self.evals[ref] = _Launch(slot, snap.version, time.monotonic(), self.core.train_iter, weights)
         self.last_eval_launch = self.core.train_iter
         self.stats.eval_launch_iters.append(self.core.train_iter)

@@ -342,6 +342,7 @@ def make_env(
     max_episode_steps: int | None = None,
     kwargs: Mapping[str, Any] | None = None,
     wrappers: tuple[str, ...] = (),
+    render_mode: str | None = None,
 ) -> gym.Env:
     """Build an env emitting ONE frame per step: float32 ``[D]`` (vectors) or uint8 ``[C, S, S]`` (images).
 
@@ -362,6 +363,7 @@ def make_env(
             108,000 frames (27,000 agent steps) for Atari.
         kwargs: keyword arguments for ``gymnasium.make`` (``env.kwargs``).
         wrappers: ``env.wrappers``, applied in order after ``gymnasium.make`` (:func:`parse_wrapper`).
+        render_mode: gymnasium's ``render_mode`` (``"rgb_array"`` for videos); ``None``: no rendering.
 
     The Atari-only knobs are ignored for other envs.
 
@@ -388,12 +390,13 @@ def make_env(
             clip_rewards=bool(clip_rewards),
             episodic_life=bool(episodic_life),
             max_episode_steps=max_episode_steps,
-            make_kwargs=dict(kwargs or {}),
+            make_kwargs={**(kwargs or {}), **({"render_mode": render_mode} if render_mode else {})},
         )
         env = _apply_wrappers(env, tuple(wrappers))
     else:
+        make_kwargs = {**(kwargs or {}), **({"render_mode": render_mode} if render_mode else {})}
         env = _make_gym_env(
-            env_id, kwargs=kwargs or {}, wrappers=tuple(wrappers), clip_rewards=bool(clip_rewards),
+            env_id, kwargs=make_kwargs, wrappers=tuple(wrappers), clip_rewards=bool(clip_rewards),
             max_episode_steps=max_episode_steps, frame_size_px=int(frame_size_px), grayscale=bool(grayscale),
         )  # fmt: skip
     if seed is not None:

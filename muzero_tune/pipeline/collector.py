@@ -28,8 +28,10 @@ from muzero_tune.policies.base import Policy
 from muzero_tune.replay.segment import GameSegment, SegmentBuilder
 
 
-def env_factory(cfg: ExperimentConfig, *, evaluation: bool = False) -> Callable[[int], gym.Env]:
-    """``seed -> env`` for this config's environment."""
+def env_factory(
+    cfg: ExperimentConfig, *, evaluation: bool = False, render_mode: str | None = None
+) -> Callable[[int], gym.Env]:
+    """``seed -> env`` for this config's environment (``render_mode``: gymnasium's, for videos)."""
     ec = cfg.env
 
     def make(seed: int) -> gym.Env:
@@ -47,6 +49,7 @@ def env_factory(cfg: ExperimentConfig, *, evaluation: bool = False) -> Callable[
             else ec.max_episode_steps,
             kwargs=ec.kwargs,
             wrappers=ec.wrappers,
+            render_mode=render_mode,
         )
 
     return make

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from muzero_tune.config import ExperimentConfig, to_flat_dict
+from muzero_tune.config import ConfigError, ExperimentConfig, to_flat_dict
 from muzero_tune.envs import spec_of
 from muzero_tune.pipeline import schedule
 from muzero_tune.pipeline.learner import Learner, LearnOutput
@@ -97,7 +97,31 @@ def check_policy_env(cfg: ExperimentConfig):
             cls, spec, policy_type=cfg.policy.type, alternatives=policy_types_for(spec.action_kind)
         )
     with_model_kind(cfg, spec)  # model.kind fits the env's frames
+    if cfg.eval.video_every > 0:
+        check_video_for(cfg)
     return cls, spec
+
+
+def check_video_for(cfg: ExperimentConfig, *, asked_by: tuple[str, object] | None = None) -> None:
+    """Raise (one line) when evaluation videos of ``cfg``'s env cannot be recorded (no ``rgb_array``
+    rendering: a ConfigError naming ``asked_by`` (key, value), default ``eval.video_every``; or the video
+    extra missing)."""
+    from muzero_tune.envs import EnvConfigError
+    from muzero_tune.envs.video import check_video
+    from muzero_tune.pipeline.collector import env_factory
+
+    try:
+        check_video(lambda: env_factory(cfg, evaluation=True, render_mode="rgb_array")(0), cfg.env.env_id)
+    except EnvConfigError as err:
+        key, value = asked_by or ("eval.video_every", cfg.eval.video_every)
+        raise ConfigError(key, value, str(err)) from None
+
+
+def video_name(cfg: ExperimentConfig, eval_index: int, version: int) -> str | None:
+    """The name of the video evaluation number ``eval_index`` (1-based) records, or None: every
+    ``eval.video_every``-th evaluation records its first episode."""
+    every = cfg.eval.video_every
+    return f"eval_{eval_index:06d}_v{version}" if every > 0 and eval_index % every == 0 else None
 
 
 def make_policy(cfg: ExperimentConfig):
@@ -394,6 +418,9 @@ class DriverCore:
             "metrics": {k: v for k, v in metrics.items() if isinstance(v, (int, float, str))},
         }
         self.reporter.on_eval(metrics, evaluated, self.resume_state)
+        on_videos = getattr(self.reporter, "on_videos", None)  # reporters that keep files have it
+        if result.videos and on_videos is not None:
+            on_videos(result.videos, metrics)
         return metrics
 
     def out_of_time(self) -> bool:

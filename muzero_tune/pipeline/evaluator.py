@@ -4,6 +4,9 @@ Episode j of every evaluation is reset with seed ``seed + j``, so evaluating the
 the same episodes: an evaluated snapshot's reward can be reproduced from its checkpoint. The evaluator
 never touches the replay buffer or the learner. Actions are checked against the env's form
 (``spec.check_actions``) like the collector's.
+
+With ``video=True`` its first env renders ``rgb_array`` frames and records the episodes an evaluation asks
+for (:class:`~muzero_tune.envs.video.EpisodeRecorder`); the videos come back in ``EvalResult.videos``.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ class Evaluator:
         num_envs: int | None = None,
         make: Callable[[int], gym.Env] | None = None,
         actor_id: int = 0,
+        video: bool = False,
     ):
         self.cfg = cfg
         self.policy = policy
@@ -44,12 +48,30 @@ class Evaluator:
         self.actor_id = actor_id
         self.num_envs = min(num_envs or cfg.env.evaluator_env_num, cfg.eval.n_episodes)
         make = make or env_factory(cfg, evaluation=True)
-        self.envs = [make(seed + i) for i in range(self.num_envs)]
+        self.recorder = None
+        if video:
+            from muzero_tune.envs.video import EpisodeRecorder
+
+            self.recorder = EpisodeRecorder(env_factory(cfg, evaluation=True, render_mode="rgb_array")(seed))
+        self.envs = [self.recorder or make(seed)] + [make(seed + i) for i in range(1, self.num_envs)]
 
     def evaluate(
-        self, model: torch.nn.Module, *, n_episodes: int | None = None, policy_version: int = -1
+        self,
+        model: torch.nn.Module,
+        *,
+        n_episodes: int | None = None,
+        policy_version: int = -1,
+        video_name: str | None = None,
+        video_episodes: int = 1,
     ) -> EvalResult:
+        """``n_episodes`` greedy episodes (default ``eval.n_episodes``); with ``video_name`` (and an evaluator
+        built with ``video=True``) the first env's first ``video_episodes`` episodes are recorded, as
+        ``<video_name>_<k>_ep<id>.mp4``."""
         t0 = time.perf_counter()
+        if video_name is not None:
+            if self.recorder is None:
+                raise ValueError("this evaluator records no videos: build it with video=True")
+            self.recorder.start(video_name, max_episodes=video_episodes)
         n_episodes = n_episodes or self.cfg.eval.n_episodes
         rng = np.random.default_rng([self.seed, 104729])  # only used for ties when not deterministic
         frames: list[list[np.ndarray] | None] = [None] * self.num_envs
@@ -108,6 +130,7 @@ class Evaluator:
             duration_s=time.perf_counter() - t0,
             policy_version=policy_version,
             actor_id=self.actor_id,
+            videos=self.recorder.take() if video_name is not None else (),
         )
 
     def close(self) -> None:

@@ -93,3 +93,4 @@ class EvalResult:
     actor_id: int = 0
     weights_digest: str = ""  # digest of the weights actually used (set by actors)
     node_id: str = ""  # the Ray node the actor ran on ("" = not known)
+    videos: tuple[tuple[str, bytes], ...] = ()  # (file name, mp4 bytes) of the episodes recorded, if any

@@ -16,6 +16,7 @@ from muzero_tune.pipeline.core import (
     RunSummary,
     check_policy_env,
     setup_torch_threads,
+    video_name,
 )
 from muzero_tune.pipeline.evaluator import Evaluator
 from muzero_tune.runs.checkpoint import load_checkpoint
@@ -42,7 +43,9 @@ def train_muzero_segment(
         ckpt = load_checkpoint(resume_from) if isinstance(resume_from, str) else resume_from
         core.load_resume_state(ckpt["resume"])
     collector = SegmentCollector(cfg, core.policy, core.spec, seed=cfg.seed)
-    evaluator = Evaluator(cfg, core.policy, core.spec, seed=cfg.seed + EVAL_SEED_OFFSET)
+    evaluator = Evaluator(
+        cfg, core.policy, core.spec, seed=cfg.seed + EVAL_SEED_OFFSET, video=cfg.eval.video_every > 0
+    )
     eval_model = copy.deepcopy(core.learner.model)
     evals: list[dict] = []
     stop_reason = "max_envstep"
@@ -54,7 +57,8 @@ def train_muzero_segment(
         weights = core.learner.weights_snapshot()
         eval_model.load_state_dict(weights)
         core.policy.on_weights_loaded(eval_model)
-        result = evaluator.evaluate(eval_model, policy_version=core.train_iter)
+        name = video_name(cfg, core.counters.eval_index + 1, core.train_iter)
+        result = evaluator.evaluate(eval_model, policy_version=core.train_iter, video_name=name)
         evals.append(
             core.record_eval(
                 result, weights, train_iter_at_launch=core.train_iter, extra={"pipeline": "sync"}

@@ -125,6 +125,14 @@ class StandaloneReporter:
             self.mlflow_run.log_metrics(metrics, step=int(metrics["envstep"]))
         self._print(metrics)
 
+    def on_videos(self, videos: tuple[tuple[str, bytes], ...], metrics: dict) -> None:
+        """An evaluation's videos: into ``<run_dir>/videos/`` and the MLflow run's ``videos/``."""
+        from muzero_tune.runs.videos import log_videos, write_videos
+
+        paths = write_videos(os.path.join(self.run_dir, "videos"), videos)
+        if self.mlflow_run is not None:
+            log_videos(self.mlflow_run, paths)
+
     def close(self) -> None:
         self._metrics.close()
         if self.mlflow_run is not None:

@@ -51,6 +51,16 @@ class TuneReporter:
     def on_progress(self, metrics: dict) -> None:
         pass  # Tune sees one report per evaluation
 
+    def on_videos(self, videos: tuple[tuple[str, bytes], ...], metrics: dict) -> None:
+        """An evaluation's videos: into the trial folder's ``videos/`` and the trial's MLflow run."""
+        from ray import tune
+
+        from muzero_tune.runs.videos import log_videos, write_videos
+
+        paths = write_videos(os.path.join(tune.get_context().get_trial_dir(), "videos"), videos)
+        if self.mlflow_run is not None:
+            log_videos(self.mlflow_run, paths)
+
     def on_eval(self, metrics: dict, evaluated: dict, resume_state: Callable[[], dict]) -> None:
         from ray import tune
 
