@@ -165,3 +165,33 @@ def test_the_docs_example_runs_as_written(tmp_path, monkeypatch, capsys):
     assert cli_main(args) == 0
     out = capsys.readouterr().out
     assert "stopped (stop_value)" in out and "reward_mean=1.0" in out
+
+
+# ---------------------------------------------------------------------------------------------- from Python
+
+
+def test_an_env_creator_registered_from_python_reaches_actors_and_trials(ray_cluster, tmp_path):
+    """``register_env(id, creator)`` with a closure (no importable module): the sync driver, the async
+    pipeline's actors and a Tune trial all build it."""
+    from muzero_tune.api import train
+    from muzero_tune.envs import register_env
+    from muzero_tune.runs.reporter import MemoryReporter
+    from muzero_tune.tune.sweep import run_sweep
+    from tests.user_envs import UserCorridor
+
+    steps = 20  # captured by the closure: only a pickled closure carries it to other processes
+    register_env("ClosureCorridor-v0", lambda length=4: UserCorridor(length=length, max_steps=steps))
+    run = {**USER_RUN, "env.env_id": "ClosureCorridor-v0", "env.kwargs": {"length": 3}, "env.wrappers": []}
+    for pipeline in ("sync", "async"):
+        cfg = make_config("cartpole_muzero", overrides={
+            **run, "logging.output_dir": str(tmp_path), "exp_name": pipeline,
+            "policy.async_pipeline.enabled": pipeline == "async",
+        })  # fmt: skip
+        rep = MemoryReporter()
+        assert train(cfg, reporter=rep).stop_reason == "stop_value", pipeline
+        assert env_spec("ClosureCorridor-v0", kwargs={"length": 3}).frame_shape == (4,)  # 3 cells, steps
+    res = run_sweep("quickstart", name="closure_env", overrides={
+        **run, "tune.storage_path": str(tmp_path), "stop_value": None, "max_envstep": 300,
+    }, param_space_extra={"policy.async_pipeline.enabled": True, "seed": 0})  # fmt: skip
+    (trial,) = list(res.results)
+    assert trial.error is None and trial.metrics["eval_index"] >= 1

@@ -59,7 +59,10 @@ class ActorPool:
         where: Callable[[], str] = lambda: "",
         describe_resources: Callable[[], str] = lambda: "",
     ):
+        from muzero_tune.envs.factory import creators_for
+
         self.ray, self.ap, self.flat_config, self.placement = ray, ap, flat_config, placement
+        self.env_creators = creators_for(flat_config["env.env_id"])  # an env registered from Python
         self.stats, self.fault, self.where, self.describe_resources = stats, fault, where, describe_resources
         # the Ray actor class of each kind (a benchmark may stand another class in for one)
         self.remote_classes = {
@@ -92,7 +95,7 @@ class ActorPool:
         slot.handle = (
             self.remote_classes[slot.kind]
             .options(**opts)
-            .remote(self.flat_config, slot.index, slot.incarnation, self.fault, gpus)
+            .remote(self.flat_config, slot.index, slot.incarnation, self.fault, gpus, self.env_creators)
         )
 
     def spawn_all(self, slots: list[ActorSlot] | None = None) -> None:

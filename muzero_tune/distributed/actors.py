@@ -15,6 +15,7 @@ import os
 import torch
 
 from muzero_tune.config import from_flat_dict
+from muzero_tune.envs.factory import install_creators
 from muzero_tune.envs.faults import FaultSpec, FaultyEnv
 from muzero_tune.models.layout import place_model
 from muzero_tune.pipeline.collector import SegmentCollector, env_factory
@@ -35,9 +36,11 @@ class _Worker:
     kind = ""
 
     def __init__(
-        self, flat_cfg: dict, actor_id: int, incarnation: int, fault: FaultSpec | None, num_gpus: float
-    ):
+        self, flat_cfg: dict, actor_id: int, incarnation: int, fault: FaultSpec | None, num_gpus: float,
+        env_creators: dict | None = None,
+    ):  # fmt: skip
         setup_torch_threads()
+        install_creators(env_creators)  # an env registered from Python in the driver (register_env)
         self.cfg = from_flat_dict(flat_cfg)
         self.actor_id = actor_id
         self.incarnation = incarnation
@@ -111,8 +114,9 @@ class CollectorWorker(_Worker):
         incarnation: int = 0,
         fault: FaultSpec | None = None,
         num_gpus: float = 0.0,
+        env_creators: dict | None = None,
     ):
-        super().__init__(flat_cfg, actor_id, incarnation, fault, num_gpus)
+        super().__init__(flat_cfg, actor_id, incarnation, fault, num_gpus, env_creators)
         seed = self.cfg.seed + COLLECTOR_SEED_STRIDE * actor_id + 100 * incarnation
         self.worker = SegmentCollector(
             self.cfg, self.policy, self.spec, seed=seed, make=self._make, actor_id=actor_id
@@ -140,8 +144,9 @@ class EvaluatorWorker(_Worker):
         incarnation: int = 0,
         fault: FaultSpec | None = None,
         num_gpus: float = 0.0,
+        env_creators: dict | None = None,
     ):
-        super().__init__(flat_cfg, actor_id, incarnation, fault, num_gpus)
+        super().__init__(flat_cfg, actor_id, incarnation, fault, num_gpus, env_creators)
         # every evaluator uses the same episode seeds, so any of them reproduces a checkpoint's reward
         self.worker = Evaluator(
             self.cfg,

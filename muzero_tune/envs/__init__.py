@@ -20,6 +20,7 @@ from muzero_tune.envs.factory import (
     env_family,
     env_spec,
     make_env,
+    register_env,
     spec_of,
     validate_env_id,
 )
@@ -42,6 +43,7 @@ __all__ = [
     "env_family",
     "env_spec",
     "make_env",
+    "register_env",
     "spec_of",
     "stack_frames",
     "unit_to_bounds",

@@ -54,7 +54,10 @@ __all__ = [
     "env_family",
     "env_spec",
     "make_env",
+    "creators_for",
+    "install_creators",
     "parse_wrapper",
+    "register_env",
     "registered_id",
     "spec_of",
     "validate_env_id",
@@ -130,6 +133,38 @@ def _missing_modules(modules: tuple[str, ...]) -> list[str]:
         except ImportError:
             missing.append(name)
     return missing
+
+
+# env ids registered from Python with a creator callable (register_env): shipped to the processes that
+# build envs (Ray actors, Tune trials), which register them again there
+_CREATORS: dict[str, Callable[..., gym.Env]] = {}
+
+
+def register_env(env_id: str, creator: Callable[..., gym.Env]) -> None:
+    """Register ``creator`` (``creator(**env.kwargs) -> gym.Env``) as the gymnasium id ``env_id``, for the
+    sync driver, the async pipeline's actors and Tune's trials alike: they receive it with the run (it is
+    pickled with cloudpickle, so a lambda or a closure works). Registering an id again replaces it."""
+    if not isinstance(env_id, str) or not env_id or ":" in env_id:
+        raise UnknownEnvError(f"env.env_id: register_env needs a plain id such as 'MyEnv-v0', got {env_id!r}")
+    if not callable(creator):
+        raise UnknownEnvError(f"env.env_id: register_env({env_id!r}, ...): the creator is not callable")
+    if env_id in gym.registry:
+        del gym.registry[env_id]
+    gym.register(env_id, entry_point=creator)
+    _CREATORS[env_id] = creator
+
+
+def creators_for(env_id: str) -> dict[str, Callable[..., gym.Env]]:
+    """``{env_id: creator}`` when ``env_id`` was registered by :func:`register_env` here, else ``{}``:
+    what a run hands to the processes that build its envs."""
+    return {env_id: _CREATORS[env_id]} if env_id in _CREATORS else {}
+
+
+def install_creators(creators: Mapping[str, Callable[..., gym.Env]] | None) -> None:
+    """Register creators received from the process that started the run (those not registered here)."""
+    for env_id, creator in (creators or {}).items():
+        if _CREATORS.get(env_id) is not creator:
+            register_env(env_id, creator)
 
 
 def registered_id(env_id: str) -> str:

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 
 from muzero_tune.config import ExperimentConfig, apply_overrides, from_flat_dict, to_flat_dict, validate
+from muzero_tune.envs.factory import creators_for
 from muzero_tune.runs.checkpoint import FORMAT, load_checkpoint, save_checkpoint
 from muzero_tune.tune.resources import placement_group_factory
 
@@ -147,11 +148,16 @@ def run_trial(
     mlflow_uri: str | None,
     experiment_name: str,
     artifact_root: str,
+    env_creators: dict | None = None,
 ) -> None:
-    """The trial body (module-level so Ray can pickle the trainable by reference)."""
+    """The trial body (module-level so Ray can pickle the trainable by reference). ``env_creators``: an env
+    registered from Python in the process that started the sweep (``register_env``)."""
     from ray import tune
 
     from muzero_tune.api import train
+    from muzero_tune.envs.factory import install_creators
+
+    install_creators(env_creators)
 
     cfg = validate(apply_overrides(from_flat_dict(base_flat), config))
     ctx = tune.get_context()
@@ -237,6 +243,7 @@ def make_trainable(
         mlflow_uri=mlflow_uri,
         experiment_name=experiment_name or sweep_name,
         artifact_root=os.path.join(storage, "mlartifacts"),
+        env_creators=creators_for(cfg.env.env_id),
     )
 
     def resources(trial_config: dict):
