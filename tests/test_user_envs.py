@@ -195,3 +195,32 @@ def test_an_env_creator_registered_from_python_reaches_actors_and_trials(ray_clu
     }, param_space_extra={"policy.async_pipeline.enabled": True, "seed": 0})  # fmt: skip
     (trial,) = list(res.results)
     assert trial.error is None and trial.metrics["eval_index"] >= 1
+
+
+# ---------------------------------------------------------------------------------------------- grids
+
+
+def test_a_grid_keeps_its_channels_and_resolution_and_the_conv_net_its_size():
+    """A non-picture [H, W, C] Box (a test wrapper turns FrozenLake's cell into a 4 x 4 x 2 bool grid) is
+    a uint8 [C, H, W] frame at its own size; model.downsample=None keeps small grids at full resolution."""
+    spec = env_spec("FrozenLake-v1", kwargs={"is_slippery": False}, wrappers=("tests.user_envs:CellGrid",))
+    assert spec.frame_shape == (2, 4, 4) and spec.frame_dtype == "uint8"
+    env = make_env("FrozenLake-v1", kwargs={"is_slippery": False}, wrappers=("tests.user_envs:CellGrid",))
+    obs, _ = env.reset(seed=0)
+    assert obs[0, 0, 0] == 255 and obs[0].sum() == 255 and obs[1].sum() == 255 * 4  # agent at 0; holes
+    grid = {"env.env_id": "FrozenLake-v1", "env.wrappers": ["tests.user_envs:CellGrid"]}
+    cfg = make_config(None, overrides=grid)
+    resolved = with_model_kind(cfg, spec).model
+    assert (resolved.kind, resolved.downsample) == ("conv", False)
+
+
+@pytest.mark.parametrize(("env_id", "wrappers", "shape", "extra"), [
+    ("MinAtar/Breakout-v1", (), (4, 10, 10), "minatar"),
+    ("MiniGrid-Empty-5x5-v0", ("minigrid.wrappers:ImgObsWrapper",), (3, 7, 7), "minigrid"),
+])  # fmt: skip
+def test_known_grid_packages_register_their_ids(env_id, wrappers, shape, extra):
+    module = {"minatar": "minatar", "minigrid": "minigrid"}[extra]
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"needs the {extra} extra")
+    spec = env_spec(env_id, wrappers=wrappers)  # no module:EnvId needed: the package is imported first
+    assert spec.frame_shape == shape and spec.frame_dtype == "uint8" and spec.action_kind == "discrete"

@@ -75,7 +75,11 @@ class ModelConfig:
     num_hidden_layers: int = param(1, "mlp: hidden layers per function", ge=1, le=16)
     num_channels: int = param(64, "conv: channels of the hidden state", ge=1)
     num_res_blocks: int = param(1, "conv: residual blocks per stage", ge=1, le=32)
-    downsample: bool = param(True, "conv: downsample 64/96 px frames to a 4x4/6x6 hidden state")
+    downsample: bool | None = param(
+        None,
+        "conv: downsample 64/96 px frames to a 4x4/6x6 hidden state; None: auto (frames of 32 px or more "
+        "are downsampled, small grids keep their resolution)",
+    )
     value_support_size: int = param(300, "value is categorical over integer bins -S..S of h(value)", ge=1)
     reward_support_size: int = param(300, "reward is categorical over integer bins -S..S of h(reward)", ge=1)
     projection_dim: int = param(128, "width of the SSL projection head", ge=1)

@@ -65,7 +65,8 @@ __all__ = [
 
 SUPPORTED_FAMILIES = (
     "any registered gymnasium id (module:EnvId imports the module that registers it), e.g. CartPole-v1, "
-    "FrozenLake-v1, LunarLander-v3 (the box2d extra), InvertedPendulum-v5 (the mujoco extra), and Atari "
+    "FrozenLake-v1, LunarLander-v3 (the box2d extra), InvertedPendulum-v5 (the mujoco extra), "
+    "MiniGrid-Empty-5x5-v0 (the minigrid extra), MinAtar/Breakout-v1 (the minatar extra), and Atari "
     "ALE/<Game>-v5, e.g. ALE/Pong-v5 (needs ale-py)"
 )
 
@@ -121,6 +122,30 @@ def _ensure_ale_registered() -> None:
             f"env.env_id: Atari ids need the optional dependency ale-py: {_ATARI_INSTALL_HINT}"
         ) from err
     gym.register_envs(ale_py)
+
+
+# Envs whose ids a package registers when imported (or when one of its functions runs): id prefix ->
+# (module, registering function or None, the extra that installs it)
+_REGISTERING_PACKAGES = {
+    "MinAtar/": ("minatar.gym", "register_envs", 'pip install -e ".[minatar]" (or: pip install MinAtar)'),
+    "MiniGrid-": ("minigrid", None, 'pip install -e ".[minigrid]" (or: pip install minigrid)'),
+    "BabyAI-": ("minigrid", None, 'pip install -e ".[minigrid]" (or: pip install minigrid)'),
+}
+
+
+def _ensure_package_registered(env_id: str) -> None:
+    """Import the package that registers ``env_id`` (a known prefix) before the registry is read."""
+    for prefix, (module, register, install) in _REGISTERING_PACKAGES.items():
+        if not env_id.startswith(prefix) or env_id in gym.registry:
+            continue
+        try:
+            mod = _import_module(module)
+        except ImportError as err:
+            raise MissingDependencyError(
+                f"env.env_id: {env_id!r} needs the optional dependency {module.split('.')[0]}: {install}"
+            ) from err
+        if register is not None and env_id not in gym.registry:
+            getattr(mod, register)()
 
 
 def _missing_modules(modules: tuple[str, ...]) -> list[str]:
@@ -232,6 +257,7 @@ def validate_env_id(env_id: str) -> None:
     if env_id.startswith("ALE/"):
         _ensure_ale_registered()
     name = registered_id(env_id)
+    _ensure_package_registered(name)
     if name not in gym.registry:
         # Register the Atari ids (when available) so "Pong-v5" can be matched to "ALE/Pong-v5".
         try:

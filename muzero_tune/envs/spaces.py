@@ -4,12 +4,15 @@ What this module owns
     Deciding, from an env's spaces alone (never from its name), how its observations become the library's
     single frames and how the library's actions reach it:
 
-    * observations: a ``Box`` image (``[H, W]``, or ``[H, W, C]`` with C <= 4, uint8 or float) becomes a
-      uint8 ``[C, S, S]`` frame, S = ``env.frame_size_px`` (area-averaged down, repeated up; optionally
-      grayscale), as Atari screens do (:class:`ImageFrames`); every other supported space -- ``Box`` of
-      any shape, ``Discrete`` (one-hot), ``MultiBinary``, ``MultiDiscrete`` (one-hot per factor) and
-      ``Dict`` / ``Tuple`` of these -- becomes a flat float32 ``[D]`` vector (:class:`FlatVectorFrames`,
-      gymnasium's ``flatten`` rule: ``Dict`` entries in key order);
+    * observations: a picture (a ``Box`` ``[H, W]`` or ``[H, W, C]`` with C <= 4 and H, W >= 32, uint8 or
+      float) becomes a uint8 ``[C, S, S]`` frame, S = ``env.frame_size_px`` (area-averaged down, repeated
+      up; optionally grayscale), as Atari screens do (:class:`ImageFrames`); any other ``[H, W, C]`` ``Box``
+      is a grid of C channels (MinAtar's binary planes, MiniGrid's symbolic cells) and becomes a uint8
+      ``[C, H, W]`` frame at its own resolution, values scaled to 0..255 (:class:`GridFrames`); every other
+      supported space -- ``Box`` of any other shape, ``Discrete`` (one-hot), ``MultiBinary``,
+      ``MultiDiscrete`` (one-hot per factor) and ``Dict`` / ``Tuple`` of these -- becomes a flat float32
+      ``[D]`` vector (:class:`FlatVectorFrames`, gymnasium's ``flatten`` rule: ``Dict`` entries in key
+      order);
     * actions: ``Discrete`` (offset by its ``start``), ``Box`` with finite bounds (``[-1, 1]`` mapped to
       them, :class:`~muzero_tune.envs.actions.UnitBoxActions`), ``MultiDiscrete`` as one flat discrete
       action over its factors' product, up to :data:`MAX_FLAT_ACTIONS` (:class:`FlatMultiDiscreteActions`);
@@ -32,17 +35,20 @@ __all__ = [
     "MAX_FLAT_ACTIONS",
     "FlatMultiDiscreteActions",
     "FlatVectorFrames",
+    "GridFrames",
     "ImageFrames",
     "OffsetDiscreteActions",
     "SpaceError",
     "adapt_spaces",
+    "is_grid_space",
     "is_image_space",
+    "is_picture_space",
 ]
 
 MAX_FLAT_ACTIONS = 4096  # the largest MultiDiscrete product taken as one flat discrete action
 _FLAT_LEAVES = (spaces.Box, spaces.Discrete, spaces.MultiBinary, spaces.MultiDiscrete)
-_OBSERVATIONS = "Box (vectors of any shape, or images [H, W] / [H, W, C<=4]), Discrete, MultiBinary, " \
-    "MultiDiscrete, and Dict / Tuple of the non-image ones"  # fmt: skip
+_OBSERVATIONS = "Box (vectors of any shape, pictures [H, W] / [H, W, C<=4], grids [H, W, C]), Discrete, " \
+    "MultiBinary, MultiDiscrete, and Dict / Tuple of the non-image ones"  # fmt: skip
 _ACTIONS = "Discrete, Box with finite bounds, MultiDiscrete (up to {n} combinations)"
 
 
@@ -50,14 +56,27 @@ class SpaceError(ValueError):
     """An env space the library cannot take; the message names the space and what is supported."""
 
 
-def is_image_space(space: gym.Space) -> bool:
-    """A ``Box`` laid out as an image: ``[H, W]`` or ``[H, W, C]`` with C <= 4 and H, W >= 8."""
+PICTURE_MIN_PX = 32  # a Box image this large on both sides (C <= 4) is a picture: resized, maybe grayscale
+
+
+def is_picture_space(space: gym.Space) -> bool:
+    """A ``Box`` picture: ``[H, W]`` or ``[H, W, C]`` with C <= 4 and H, W >= 32."""
     if not isinstance(space, spaces.Box):
         return False
     shape = space.shape
     if len(shape) == 2:
-        return min(shape) >= 8
-    return len(shape) == 3 and shape[2] <= 4 and min(shape[:2]) >= 8
+        return min(shape) >= PICTURE_MIN_PX
+    return len(shape) == 3 and shape[2] <= 4 and min(shape[:2]) >= PICTURE_MIN_PX
+
+
+def is_grid_space(space: gym.Space) -> bool:
+    """A ``Box`` ``[H, W, C]`` that is not a picture: C channels over a small grid."""
+    return isinstance(space, spaces.Box) and len(space.shape) == 3 and not is_picture_space(space)
+
+
+def is_image_space(space: gym.Space) -> bool:
+    """A picture or a grid: what the conv network takes."""
+    return is_picture_space(space) or is_grid_space(space)
 
 
 def _check_flat(space: gym.Space, env_id: str, where: str = "observation space") -> None:
@@ -123,6 +142,30 @@ class ImageFrames(gym.ObservationWrapper):
         return _resize(chw, self.size_px)
 
 
+class GridFrames(gym.ObservationWrapper):
+    """A grid ``[H, W, C]`` -> uint8 ``[C, H, W]`` at its own resolution: booleans as 0 / 255, other values
+    scaled from the space's bounds to 0..255 (uint8 kept as they are)."""
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        space = env.observation_space
+        h, w, c = space.shape
+        self._kind = "bool" if space.dtype == np.bool_ else "uint8" if space.dtype == np.uint8 else "float"
+        low, high = float(np.min(space.low)), float(np.max(space.high))
+        bounded = np.isfinite(low + high) and high > low
+        self._lo, self._span = (low, high - low) if bounded else (0.0, 1.0)
+        self.observation_space = spaces.Box(0, 255, shape=(c, h, w), dtype=np.uint8)
+
+    def observation(self, observation: Any) -> np.ndarray:
+        grid = np.asarray(observation)
+        if self._kind == "bool":
+            grid = grid.astype(np.uint8) * 255
+        elif self._kind == "float":
+            grid = np.rint(np.clip((grid.astype(np.float32) - self._lo) / self._span, 0.0, 1.0) * 255.0)
+            grid = grid.astype(np.uint8)
+        return np.ascontiguousarray(np.moveaxis(grid, -1, 0))
+
+
 def _resize(chw: np.ndarray, size_px: int) -> np.ndarray:
     """uint8 ``[C, H, W]`` -> ``[C, S, S]``: repeat each axis up to a multiple of S where it is smaller,
     then area-average down."""
@@ -169,8 +212,10 @@ def adapt_spaces(env: gym.Env, env_id: str, *, frame_size_px: int, grayscale: bo
     Raises :class:`SpaceError` (closing ``env``) for a space the library cannot take."""
     try:
         obs, act = env.observation_space, env.action_space
-        if is_image_space(obs):
+        if is_picture_space(obs):
             env = ImageFrames(env, size_px=frame_size_px, grayscale=grayscale)
+        elif is_grid_space(obs):
+            env = GridFrames(env)
         else:
             _check_flat(obs, env_id)
             if not (isinstance(obs, spaces.Box) and len(obs.shape) == 1 and obs.dtype == np.float32):

@@ -300,19 +300,23 @@ class Policy(ABC):
 
 
 def with_model_kind(cfg: ExperimentConfig, spec: EnvSpec) -> ExperimentConfig:
-    """``cfg`` with ``model.kind=auto`` resolved: ``conv`` for image frames ``[C, H, W]``, ``mlp`` for
-    vectors; raises :class:`ConfigError` for ``mlp`` on images or ``conv`` on vectors."""
+    """``cfg`` with ``model.kind=auto`` resolved (``conv`` for image frames ``[C, H, W]``, ``mlp`` for
+    vectors) and ``model.downsample=None`` too (downsampled when the frames are 32 px or more); raises
+    :class:`ConfigError` for ``mlp`` on images or ``conv`` on vectors."""
     import dataclasses
 
     image = len(spec.frame_shape) == 3
     kind = cfg.model.kind
-    if kind == "auto":
-        return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, kind="conv" if image else "mlp"))
-    if (kind == "mlp") == image:
+    if kind != "auto" and (kind == "mlp") == image:
         what = f"{'image' if image else 'vector'} observations {spec.frame_shape}"
         want = "conv" if image else "mlp"
         raise ConfigError("model.kind", kind, f"{spec.env_id} has {what}: use model.kind={want} or auto")
-    return cfg
+    resolved = {}
+    if kind == "auto":
+        resolved["kind"] = "conv" if image else "mlp"
+    if cfg.model.downsample is None:
+        resolved["downsample"] = image and min(spec.frame_shape[1:]) >= 32
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **resolved)) if resolved else cfg
 
 
 def model_device(model: torch.nn.Module) -> torch.device:

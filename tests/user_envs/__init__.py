@@ -9,6 +9,7 @@ the library's flattening of both is exercised.
 ``UserTextObs-v0``: an env whose observations are ``Text`` (a space the library refuses).
 
 :class:`StepsTaken` is a wrapper with keyword arguments: it adds the steps taken so far to ``info``.
+:class:`CellGrid` turns FrozenLake's cell index into a ``[4, 4, 2]`` bool grid (the agent, the holes).
 """
 
 from __future__ import annotations
@@ -70,6 +71,21 @@ class StepsTaken(gym.Wrapper):
         obs, reward, terminated, truncated, info = self.env.step(action)
         self._n += 1
         return obs, reward, terminated, truncated, {**info, self.key: self._n}
+
+
+class CellGrid(gym.ObservationWrapper):
+    HOLES = (5, 7, 11, 12)  # FrozenLake 4x4's holes
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self.observation_space = spaces.Box(0, 1, shape=(4, 4, 2), dtype=bool)
+
+    def observation(self, cell):
+        grid = np.zeros((4, 4, 2), dtype=bool)
+        grid[int(cell) // 4, int(cell) % 4, 0] = True
+        for h in self.HOLES:
+            grid[h // 4, h % 4, 1] = True
+        return grid
 
 
 for _name, _cls in (("UserCorridor-v0", "UserCorridor"), ("UserTextObs-v0", "UserTextObs")):
