@@ -224,3 +224,53 @@ def test_known_grid_packages_register_their_ids(env_id, wrappers, shape, extra):
         pytest.skip(f"needs the {extra} extra")
     spec = env_spec(env_id, wrappers=wrappers)  # no module:EnvId needed: the package is imported first
     assert spec.frame_shape == shape and spec.frame_dtype == "uint8" and spec.action_kind == "discrete"
+
+
+# ---------------------------------------------------------------------------------------------- other envs
+
+SMOKE = {
+    "mcts.num_simulations": 4, "learn.batch_size": 16, "env.collector_env_num": 2, "env.evaluator_env_num": 2,
+    "eval.n_episodes": 2, "eval.eval_freq": 10, "replay.game_segment_length": 20, "max_envstep": 120,
+    "stop_value": None, "logging.quiet": True, "model.num_channels": 8, "model.hidden_dim": 32,
+    "model.latent_dim": 16, "env.max_episode_steps": 40,
+}
+OTHER_ENVS = {  # id -> (extra module or None, more overrides)
+    "FrozenLake-v1": (None, {"env.kwargs": {"is_slippery": False}}),
+    "CarRacing-v3": ("Box2D", {"policy.type": "sampled_muzero", "policy.num_samples": 4}),
+    "MinAtar/Breakout-v1": ("minatar", {}),
+    "MiniGrid-Empty-5x5-v0": ("minigrid", {"env.wrappers": ["minigrid.wrappers:ImgObsWrapper"]}),
+}
+
+
+@pytest.mark.parametrize("pipeline", ["sync", "async"])
+@pytest.mark.parametrize("env_id", list(OTHER_ENVS))
+def test_envs_written_elsewhere_train_on_both_pipelines(env_id, pipeline, ray_cluster, tmp_path):
+    """Each trains and evaluates through ``train``: pictures (CarRacing, with a sampled type's conv
+    Gaussian network), grids (MinAtar, MiniGrid) and one-hot cells (FrozenLake)."""
+    from muzero_tune.api import train
+    from muzero_tune.runs.reporter import MemoryReporter
+
+    module, more = OTHER_ENVS[env_id]
+    if module is not None and importlib.util.find_spec(module) is None:
+        pytest.skip(f"needs the package {module} (its extra)")
+    cfg = make_config(None, overrides={
+        **SMOKE, **more, "env.env_id": env_id, "logging.output_dir": str(tmp_path), "exp_name": pipeline,
+        "policy.async_pipeline.enabled": pipeline == "async",
+    })  # fmt: skip
+    rep = MemoryReporter()
+    summary = train(cfg, reporter=rep)
+    assert summary.train_iter > 0 and rep.evals and summary.env_steps >= 120
+    assert all(np.isfinite(e["reward_mean"]) and e["pipeline"] == pipeline for e in rep.evals)
+
+
+def test_a_grid_env_in_a_tune_trial(ray_cluster, tmp_path):
+    from muzero_tune.tune.sweep import run_sweep
+
+    if importlib.util.find_spec("minatar") is None:
+        pytest.skip("needs the minatar extra")
+    res = run_sweep("quickstart", name="minatar", overrides={
+        **SMOKE, "env.env_id": "MinAtar/Breakout-v1", "model.kind": "auto", "model.downsample": None,
+        "tune.storage_path": str(tmp_path),
+    }, param_space_extra={"policy.async_pipeline.enabled": True, "seed": 0})  # fmt: skip
+    (trial,) = list(res.results)
+    assert trial.error is None and trial.metrics["eval_index"] >= 1 and trial.metrics["train_iter"] > 0

@@ -1,7 +1,8 @@
 """Networks for continuous actions: the MLP MuZero / EfficientZero networks with a Gaussian policy head.
 
 What this module owns
-    :class:`MLPGaussianMuZeroNet` and :class:`MLPGaussianEfficientZeroNet`: the MLP networks of
+    :class:`MLPGaussianMuZeroNet`, :class:`MLPGaussianEfficientZeroNet` and :class:`ConvGaussianMuZeroNet`
+    (image observations: the action vector enters the dynamics as D constant planes): the networks of
     :mod:`muzero_tune.models.muzero_net` / :mod:`~muzero_tune.models.efficientzero_net` whose dynamics takes
     the action vector ``[B, D]`` in [-1, 1] (instead of a one-hot) and whose policy head outputs the
     parameters of a tanh-squashed diagonal Gaussian, ``[mu (D), log_sigma (D)]`` ``[B, 2D]``. The sampled
@@ -23,7 +24,7 @@ from torch import Tensor, nn
 
 from muzero_tune.mcts.sampled_kernels import LOG_SIGMA_MAX, LOG_SIGMA_MIN, TANH_EPS
 from muzero_tune.models.efficientzero_net import MLPEfficientZeroNet
-from muzero_tune.models.muzero_net import MLPMuZeroNet
+from muzero_tune.models.muzero_net import ConvMuZeroNet, MLPMuZeroNet, _conv3x3, normalize_latent
 
 ACTION_CLAMP = 1.0 - 1e-6  # atanh of stored actions is taken inside (-1, 1)
 
@@ -97,3 +98,26 @@ class MLPGaussianEfficientZeroNet(_ContinuousActions, MLPEfficientZeroNet):
     def __init__(self, *, action_dim: int, **kwargs) -> None:
         super().__init__(num_actions=action_dim, **kwargs)
         self._gaussian_policy(action_dim)
+
+
+class ConvGaussianMuZeroNet(ConvMuZeroNet):
+    """Residual conv MuZero network (image observations) over continuous actions: the action vector
+    [B, D] in [-1, 1] enters the dynamics as D constant planes beside the latent [B, C, h, w]; the policy
+    head ends in :func:`gaussian_head` ([B, 2D])."""
+
+    def __init__(self, *, action_dim: int, **kwargs) -> None:
+        super().__init__(num_actions=action_dim, **kwargs)
+        self.action_dim = action_dim
+        c = self.latent_shape[0]
+        self.dyn_conv = _conv3x3(c + action_dim, c)
+        self.policy_head.fc2 = gaussian_head(self.policy_head.fc2.in_features, action_dim)
+
+    def dynamics(self, latent: Tensor, action: Tensor) -> tuple[Tensor, Tensor]:
+        b, _, h, w = latent.shape
+        action = action.reshape(b, -1).to(latent.dtype)
+        if action.shape[1] != self.action_dim:
+            raise ValueError(f"expected actions [B, {self.action_dim}], got {tuple(action.shape)}")
+        planes = action[:, :, None, None].expand(b, self.action_dim, h, w)
+        x = self.dyn_bn(self.dyn_conv(torch.cat([latent, planes], dim=1)))  # [B, C, h, w]
+        x = self.dyn_res(torch.relu(x + latent))
+        return normalize_latent(x), self.reward_head(x)  # [B, C, h, w], [B, 2Sr+1]

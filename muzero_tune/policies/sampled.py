@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from muzero_tune.errors import ConfigError
 from muzero_tune.mcts.sampled import SampledSearch
 from muzero_tune.models.sampled_net import (
+    ConvGaussianMuZeroNet,
     MLPGaussianEfficientZeroNet,
     MLPGaussianMuZeroNet,
     gaussian_entropy,
@@ -77,12 +78,26 @@ class SampledPolicyMixin:
     def build_model(self) -> torch.nn.Module:
         return self._build_continuous_model() if self.continuous else super().build_model()
 
+    def _continuous_conv_network(self) -> type | None:
+        """The network for image observations and continuous actions (None: this type has none)."""
+        return None
+
     def _build_continuous_model(self) -> torch.nn.Module:
         """The network for continuous actions: the base type's MLP network with the action vector as the
-        dynamics input and a Gaussian policy head (:meth:`_continuous_network`)."""
+        dynamics input and a Gaussian policy head (:meth:`_continuous_network`); for image observations the
+        conv network with the action as dynamics planes (:meth:`_continuous_conv_network`)."""
         mc = self.cfg.model
-        if mc.kind != "mlp":
-            raise ConfigError("model.kind", mc.kind, "continuous actions need model.kind=mlp")
+        if mc.kind == "conv":
+            conv = self._continuous_conv_network()
+            if conv is None:
+                raise ConfigError("model.kind", mc.kind, f"{self.name} has no conv network for continuous "
+                                  "actions yet: use sampled_muzero for images with continuous actions")
+            return conv(
+                obs_shape=tuple(self.spec.obs_shape), action_dim=self.spec.action_dim,
+                num_channels=mc.num_channels, num_res_blocks=mc.num_res_blocks, downsample=mc.downsample,
+                value_support_size=mc.value_support_size, reward_support_size=mc.reward_support_size,
+                projection_dim=mc.projection_dim,
+            )  # fmt: skip
         extra = {"lstm_hidden_size": self.cfg.policy.lstm_hidden_size} if self._uses_lstm() else {}
         return self._continuous_network()(
             obs_dim=int(np.prod(self.spec.obs_shape)),
@@ -160,6 +175,9 @@ class SampledMuZeroPolicy(SampledPolicyMixin, MuZeroPolicy):
 
     def _continuous_network(self) -> type:
         return MLPGaussianMuZeroNet
+
+    def _continuous_conv_network(self) -> type | None:
+        return ConvGaussianMuZeroNet
 
 
 class SampledEfficientZeroPolicy(SampledPolicyMixin, EfficientZeroPolicy):
