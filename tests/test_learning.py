@@ -49,9 +49,12 @@ GOALS = [
     *[("cartpole_novel_muzero_rnn_full_obs", s, 50_000, 1_800) for s in (0, 1, 2)],
     # an env with no preset of its own before: FrozenLake's Discrete observations, one-hot
     *[("frozenlake_muzero", s, 20_000, 600) for s in (0, 1, 2)],
+    # grids on the conv network at full resolution (the minatar extra)
+    ("minatar_breakout_muzero", 0, 30_000, 2_400),
 ]
 
 EXTRAS = {  # env id prefix -> (module, the extra that installs it)
+    "MinAtar": ("minatar", "minatar"),
     "InvertedPendulum": ("mujoco", "mujoco"),
     "LunarLander": ("Box2D", "box2d"),
 }
@@ -102,15 +105,16 @@ def test_every_goal_preset_exists_and_stops_at_its_threshold():
 @pytest.mark.timeout(4 * 3_600 + 600)  # the longest wall budget below, past the suite's per-test default
 @pytest.mark.parametrize("preset,seed,max_envsteps,max_wall_s", GOALS)
 def test_preset_reaches_its_threshold(preset, seed, max_envsteps, max_wall_s, tmp_path):
+    env_id = make_config(preset, check_env=False).env.env_id
+    for prefix, (module, extra) in EXTRAS.items():
+        if env_id.startswith(prefix):
+            pytest.importorskip(module, reason=f'needs the {extra} extra: pip install -e ".[{extra}]"')
     cfg = make_config(
         preset,
         overrides={
             "seed": seed, "logging.output_dir": str(tmp_path), "logging.quiet": True, "max_wall_s": max_wall_s
         },
     )
-    for prefix, (module, extra) in EXTRAS.items():
-        if cfg.env.env_id.startswith(prefix):
-            pytest.importorskip(module, reason=f'needs the {extra} extra: pip install -e ".[{extra}]"')
     rep = MemoryReporter()
     train_muzero_segment(cfg, reporter=rep)
     failure = goal_failure(preset, seed, rep.evals, target=cfg.stop_value, max_envsteps=max_envsteps,
