@@ -50,7 +50,7 @@ GOALS = [
     # an env with no preset of its own before: FrozenLake's Discrete observations, one-hot
     *[("frozenlake_muzero", s, 20_000, 600) for s in (0, 1, 2)],
     # grids on the conv network at full resolution (the minatar extra)
-    ("minatar_breakout_muzero", 0, 30_000, 2_400),
+    *[("minatar_breakout_muzero", s, 30_000, 2_400) for s in (0, 1, 2)],
 ]
 
 EXTRAS = {  # env id prefix -> (module, the extra that installs it)
