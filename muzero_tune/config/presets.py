@@ -325,6 +325,8 @@ PRESETS["acrobot_muzero"] = {
     "model.value_support_size": 20,  # h(100) = 9.1
     "model.reward_support_size": 5,
     "eval.eval_freq": 2_000,  # every 4k env steps: an unsolved evaluation is 8 x 500 steps
+    # greedy evaluation under the paper's rule for unvisited children: chosen on seeds 0-2 (learning report)
+    "eval.unvisited_q": "min",
     "max_envstep": 50_000,
     "stop_value": -100.0,
 }
