@@ -342,21 +342,24 @@ def also_eval_table(rows: list[dict]) -> str:
         by_preset.setdefault(r["preset"], []).append(r)
     for preset, rs in by_preset.items():
         other = rs[0]["also_eval"]["settings"]
-        own = {k: rs[0]["overrides"].get(k, "(preset)") for k in other}  # the compared keys, as run
+        ran = to_flat_dict(make_config(preset, overrides=rs[0]["overrides"], check_env=False))
+        own = {k: ran[k] for k in other}  # the compared keys, as the run had them
         lines.append(f"| {preset} | {_label(own)} | {_steps_summary(rs)} | {_label(other)} | "
                      f"{_steps_summary([{**r, **r['also_eval']} for r in rs])} |")
     return "\n".join(lines) + "\n"
 
 
 def _steps_summary(rs: list[dict]) -> str:
-    """"median / worst (n/N)" env steps to the target; an unsolved seed counts as above the budget (above
-    the env steps its cell ended at, when it ended at the run's own target)."""
+    """"median / worst (n/N)" env steps to the target; an unsolved seed counts as above the budget, or, in
+    a cell that ended at the run's own target, as not there by then ("—": the figure is not known)."""
     ok = [r["env_steps_to_target"] for r in rs if within_budget(r)]
-    budget = max(r["final_env_steps"] if r.get("stop_at_own") else r["max_envstep"] for r in rs
-                 if not within_budget(r)) if len(ok) < len(rs) else 0
+    by_then = any(r.get("stop_at_own") for r in rs)
+    budget = max(r["max_envstep"] for r in rs)
     med = _median_with_unsolved(ok, len(rs))
-    worst = _fmt(max(ok)) if len(ok) == len(rs) else f"> {budget:,}"
-    return f"{_fmt(med) if med is not None else f'> {budget:,}'} / {worst} ({len(ok)}/{len(rs)})"
+    unknown = "—" if by_then else f"> {budget:,}"
+    worst = _fmt(max(ok)) if len(ok) == len(rs) else unknown
+    solved = f"{len(ok)}/{len(rs)}" + (" by the run's own target" if by_then and len(ok) < len(rs) else "")
+    return f"{_fmt(med) if med is not None else unknown} / {worst} ({solved})"
 
 
 def seed_lines(rows: list[dict]) -> str:
