@@ -35,7 +35,16 @@ def run_seed(
 ) -> dict:
     """Train one seed; ``reporter``: a MemoryReporter (or subclass) to use, None for one that prints every
     evaluation to stderr."""
-    cfg = make_config(
+    cfg = seed_config(seed, overrides, output_dir, preset)
+    rep = _EchoReporter() if reporter is None else reporter
+    summary = train_muzero_segment(cfg, reporter=rep)
+    target = cfg.stop_value if cfg.stop_value is not None else 195.0
+    return seed_row(seed, rep.evals, target, summary.stop_reason)
+
+
+def seed_config(seed: int, overrides: dict, output_dir: str, preset: str = "cartpole_muzero"):
+    """The config one seed trains with: the preset, quiet, its run folder named after it, the overrides."""
+    return make_config(
         preset,
         overrides={
             "seed": seed,
@@ -45,10 +54,6 @@ def run_seed(
             **overrides,
         },
     )
-    rep = _EchoReporter() if reporter is None else reporter
-    summary = train_muzero_segment(cfg, reporter=rep)
-    target = cfg.stop_value if cfg.stop_value is not None else 195.0
-    return seed_row(seed, rep.evals, target, summary.stop_reason)
 
 
 def seed_row(seed: int, evals: list[dict], target: float, stop_reason: str) -> dict:

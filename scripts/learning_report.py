@@ -31,7 +31,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from learning_curve import run_seed, seed_row  # noqa: E402  (shared with learning_curve.py)
+from learning_curve import run_seed, seed_config, seed_row  # noqa: E402  (shared with learning_curve.py)
 
 from muzero_tune.config import current_key, make_config, parse_set_args, to_flat_dict  # noqa: E402
 from muzero_tune.runs.reporter import MemoryReporter  # noqa: E402
@@ -155,11 +155,8 @@ def run_cell(
     label = f"{preset} seed {seed}"
     if also:
         target = cfg.stop_value if cfg.stop_value is not None else 195.0
-        run_cfg = make_config(preset, overrides={
-            "seed": seed, "exp_name": f"learning_report_{preset}_seed{seed}",
-            "logging.output_dir": os.path.join(output_dir, "runs"), "logging.quiet": True,
-            **overrides, "stop_value": None,
-        })
+        runs = os.path.join(output_dir, "runs")
+        run_cfg = seed_config(seed, {**overrides, "stop_value": None}, runs, preset)
         rep = AlsoEvalPrinter(label, run_cfg, also, target, stop_at_own=stop_at_own)
         from muzero_tune.pipeline.sync_driver import train_muzero_segment
 

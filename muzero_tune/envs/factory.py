@@ -441,6 +441,7 @@ def make_env(
         max_episode_steps=max_episode_steps,
         seed=seed,
     )
+    make_kwargs = {**(kwargs or {}), **({"render_mode": render_mode} if render_mode else {})}
     if env_family(env_id) == "atari":
         env = make_atari_env(
             env_id,
@@ -451,11 +452,10 @@ def make_env(
             clip_rewards=bool(clip_rewards),
             episodic_life=bool(episodic_life),
             max_episode_steps=max_episode_steps,
-            make_kwargs={**(kwargs or {}), **({"render_mode": render_mode} if render_mode else {})},
+            make_kwargs=make_kwargs,
         )
         env = _apply_wrappers(env, tuple(wrappers))
     else:
-        make_kwargs = {**(kwargs or {}), **({"render_mode": render_mode} if render_mode else {})}
         env = _make_gym_env(
             env_id, kwargs=make_kwargs, wrappers=tuple(wrappers), clip_rewards=bool(clip_rewards),
             max_episode_steps=max_episode_steps, frame_size_px=int(frame_size_px), grayscale=bool(grayscale),

@@ -95,6 +95,12 @@ def _check_flat(space: gym.Space, env_id: str, where: str = "observation space")
         )
 
 
+def _value_range(space: spaces.Box) -> tuple[float, float]:
+    """(low, span) of a Box's values, from its bounds; (0, 1) where they are unbounded or empty."""
+    low, high = float(np.min(space.low)), float(np.max(space.high))
+    return (low, high - low) if np.isfinite(low + high) and high > low else (0.0, 1.0)
+
+
 class FlatVectorFrames(gym.ObservationWrapper):
     """Any flattenable observation space -> float32 ``[D]`` (gymnasium's ``spaces.flatten``)."""
 
@@ -124,9 +130,7 @@ class ImageFrames(gym.ObservationWrapper):
         self._to_gray = grayscale and channels in (3, 4)
         out_channels = 1 if self._to_gray else channels
         self._uint8 = space.dtype == np.uint8
-        low, high = np.min(space.low), np.max(space.high)
-        bounded = np.isfinite(low + high) and high > low
-        self._lo, self._span = (float(low), float(high - low)) if bounded else (0.0, 1.0)
+        self._lo, self._span = _value_range(space)
         self.observation_space = spaces.Box(0, 255, shape=(out_channels, self.size_px, self.size_px),
                                             dtype=np.uint8)  # fmt: skip
 
@@ -151,9 +155,7 @@ class GridFrames(gym.ObservationWrapper):
         space = env.observation_space
         h, w, c = space.shape
         self._kind = "bool" if space.dtype == np.bool_ else "uint8" if space.dtype == np.uint8 else "float"
-        low, high = float(np.min(space.low)), float(np.max(space.high))
-        bounded = np.isfinite(low + high) and high > low
-        self._lo, self._span = (low, high - low) if bounded else (0.0, 1.0)
+        self._lo, self._span = _value_range(space)
         self.observation_space = spaces.Box(0, 255, shape=(c, h, w), dtype=np.uint8)
 
     def observation(self, observation: Any) -> np.ndarray:
