@@ -36,9 +36,14 @@ class _Worker:
     kind = ""
 
     def __init__(
-        self, flat_cfg: dict, actor_id: int, incarnation: int, fault: FaultSpec | None, num_gpus: float,
+        self,
+        flat_cfg: dict,
+        actor_id: int,
+        incarnation: int = 0,
+        fault: FaultSpec | None = None,
+        num_gpus: float = 0.0,
         env_creators: dict | None = None,
-    ):  # fmt: skip
+    ):
         setup_torch_threads()
         install_creators(env_creators)  # an env registered from Python in the driver (register_env)
         self.cfg = from_flat_dict(flat_cfg)
@@ -68,6 +73,11 @@ class _Worker:
             self._make = make
         else:
             self._make = base
+        self.worker = self._make_worker(actor_id, incarnation)
+
+    def _make_worker(self, actor_id: int, incarnation: int):
+        """The collector or evaluator this actor runs (built once the policy, model and env maker exist)."""
+        raise NotImplementedError
 
     def ping(self) -> dict:
         """Liveness check; also tells where the actor runs (tests check the placement)."""
@@ -107,18 +117,9 @@ class _Worker:
 class CollectorWorker(_Worker):
     kind = "collector"
 
-    def __init__(
-        self,
-        flat_cfg: dict,
-        actor_id: int,
-        incarnation: int = 0,
-        fault: FaultSpec | None = None,
-        num_gpus: float = 0.0,
-        env_creators: dict | None = None,
-    ):
-        super().__init__(flat_cfg, actor_id, incarnation, fault, num_gpus, env_creators)
+    def _make_worker(self, actor_id: int, incarnation: int) -> SegmentCollector:
         seed = self.cfg.seed + COLLECTOR_SEED_STRIDE * actor_id + 100 * incarnation
-        self.worker = SegmentCollector(
+        return SegmentCollector(
             self.cfg, self.policy, self.spec, seed=seed, make=self._make, actor_id=actor_id
         )
 
@@ -137,18 +138,9 @@ class CollectorWorker(_Worker):
 class EvaluatorWorker(_Worker):
     kind = "evaluator"
 
-    def __init__(
-        self,
-        flat_cfg: dict,
-        actor_id: int,
-        incarnation: int = 0,
-        fault: FaultSpec | None = None,
-        num_gpus: float = 0.0,
-        env_creators: dict | None = None,
-    ):
-        super().__init__(flat_cfg, actor_id, incarnation, fault, num_gpus, env_creators)
+    def _make_worker(self, actor_id: int, incarnation: int) -> Evaluator:
         # every evaluator uses the same episode seeds, so any of them reproduces a checkpoint's reward
-        self.worker = Evaluator(
+        return Evaluator(
             self.cfg,
             self.policy,
             self.spec,
