@@ -19,6 +19,7 @@ import torch
 
 from muzero_tune.mcts import MuZeroSearch
 from muzero_tune.mcts.stochastic import StochasticMuZeroSearch
+from tests.oracles.tables import table_step
 
 
 class ChainModel:
@@ -31,14 +32,7 @@ class ChainModel:
         self.logits = np.asarray(logits, dtype=np.float64)
 
     def __call__(self, latent: torch.Tensor, actions: np.ndarray):
-        s = latent[:, 0].long().numpy()
-        ns = self.next_state[s, actions]
-        return (
-            torch.as_tensor(ns, dtype=torch.float64)[:, None],
-            self.reward[s, actions],
-            self.value[ns],
-            self.logits[ns],
-        )
+        return table_step(self, latent, actions)
 
 
 def _root_visits(model: ChainModel, sims: int, *, discount: float, legal=None, unvisited_q="min"):

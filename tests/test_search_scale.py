@@ -26,6 +26,7 @@ import torch
 from muzero_tune.mcts import MuZeroSearch
 from muzero_tune.mcts.sampled import SampledSearch
 from muzero_tune.mcts.stochastic import StochasticMuZeroSearch
+from tests.oracles.tables import table_step
 
 DISCOUNT = 0.997
 REWARDS = (5.0, 1.0, 0.01, 0.0, -0.01, -1.0, -5.0)
@@ -148,14 +149,7 @@ class RandomTables:
         self.chance_reward = k * (g.normal(size=(num_states, num_actions, 2)) + c)
 
     def recurrent_fn(self, latent, actions):
-        s = latent[:, 0].long().numpy()
-        ns = self.next_state[s, actions]
-        return (
-            torch.as_tensor(ns, dtype=torch.float64)[:, None],
-            self.reward[s, actions],
-            self.value[ns],
-            self.logits[ns],
-        )
+        return table_step(self, latent, actions)
 
     def afterstate_fn(self, latent, actions):
         s = latent[:, 0].long().numpy()

@@ -15,6 +15,19 @@ import torch
 NUM_STATES = 97
 
 
+def table_step(model, latent: torch.Tensor, actions: np.ndarray):
+    """One step of a table model (``next_state`` [S, A], ``reward`` [S, A], ``value`` [S], ``logits`` [S, A])
+    from latents [B, 1] of state ids: (next latent [B, 1], reward [B], value [B], logits [B, A])."""
+    s = latent[:, 0].long().numpy()
+    ns = model.next_state[s, actions]
+    return (
+        torch.as_tensor(ns, dtype=torch.float64)[:, None],
+        model.reward[s, actions],
+        model.value[ns],
+        model.logits[ns],
+    )
+
+
 class Tables:
     def __init__(
         self, *, num_actions: int, seed: int, scale: float = 1.0, offset: float = 0.0, discount: float = 0.997
@@ -27,14 +40,7 @@ class Tables:
 
     def ours(self, latent: torch.Tensor, actions: np.ndarray):
         """(next latent [B, 1], reward [B], value [B], logits [B, A]) of ``actions`` [B] from ``latent``."""
-        s = latent[:, 0].long().numpy()
-        ns = self.next_state[s, actions]
-        return (
-            torch.as_tensor(ns, dtype=torch.float64)[:, None],
-            self.reward[s, actions],
-            self.value[ns],
-            self.logits[ns],
-        )
+        return table_step(self, latent, actions)
 
 
 def legal_masks(rng: np.random.Generator, batch: int, num_actions: int) -> np.ndarray:
