@@ -214,6 +214,44 @@ def test_a_grid_keeps_its_channels_and_resolution_and_the_conv_net_its_size():
     assert (resolved.kind, resolved.downsample) == ("conv", False)
 
 
+def test_an_image_in_a_dict_keeps_its_grid_and_the_other_values_become_planes():
+    """A Dict of a [4, 4, 2] grid, a Discrete(16) cell and an unbounded clock: the grid's two channels, then
+    16 one-hot planes and one clock plane (squashed by x / (1 + |x|) into 0..255), all 4 x 4; the conv net."""
+    wrappers = ("tests.user_envs:GridAndClock",)
+    spec = env_spec("FrozenLake-v1", kwargs={"is_slippery": False}, wrappers=wrappers)
+    assert spec.frame_shape == (2 + 16 + 1, 4, 4) and spec.frame_dtype == "uint8"
+    env = make_env("FrozenLake-v1", kwargs={"is_slippery": False}, wrappers=wrappers)
+    obs, _ = env.reset(seed=0)
+    assert obs[0, 0, 0] == 255 and obs[0].sum() == 255 and obs[1].sum() == 255 * 4  # the grid as before
+    assert (obs[2] == 255).all() and obs[3:18].sum() == 0  # cell 0, one-hot, as constant planes
+    assert (obs[18] == 128).all()  # clock 0 -> 0 squashed -> the middle of 0..255
+    obs, *_ = env.step(2)  # right: cell 1, clock 1
+    assert (obs[3] == 255).all() and obs[2].sum() == 0 and (obs[18] == round(0.75 * 255)).all()
+    cfg = make_config(None, overrides={"env.env_id": "FrozenLake-v1", "env.wrappers": list(wrappers)})
+    assert with_model_kind(cfg, spec).model.kind == "conv"
+
+
+def test_observation_bounds_declares_a_grids_true_range():
+    """MiniGrid-like cells declared 0..255 but holding 0..10: with ObservationBounds {high: 10} they span
+    0..255 (10 -> 255, 4 -> 102)."""
+    from muzero_tune.envs.spaces import GridFrames
+    from muzero_tune.envs.wrappers import ObservationBounds
+
+    class Cells(gym.Env):
+        observation_space = gym.spaces.Box(0, 255, shape=(3, 3, 1), dtype=np.uint8)
+        action_space = gym.spaces.Discrete(2)
+
+        def reset(self, *, seed=None, options=None):
+            return np.array([0, 4, 10] * 3, np.uint8).reshape(3, 3, 1), {}
+
+    raw, _ = GridFrames(Cells()).reset()
+    assert raw.max() == 10  # a uint8 grid declared 0..255 is taken as it is
+    bounded, _ = GridFrames(ObservationBounds(Cells(), high=10)).reset()
+    assert bounded.shape == (1, 3, 3) and sorted(set(bounded.ravel())) == [0, 102, 255]
+    with pytest.raises(ValueError, match="low=3, high=1"):
+        ObservationBounds(Cells(), low=3, high=1)
+
+
 @pytest.mark.parametrize(("env_id", "wrappers", "shape", "extra"), [
     ("MinAtar/Breakout-v1", (), (4, 10, 10), "minatar"),
     ("MiniGrid-Empty-5x5-v0", ("minigrid.wrappers:ImgObsWrapper",), (3, 7, 7), "minigrid"),
@@ -234,23 +272,26 @@ SMOKE = {
     "stop_value": None, "logging.quiet": True, "model.num_channels": 8, "model.hidden_dim": 32,
     "model.latent_dim": 16, "env.max_episode_steps": 40,
 }
-OTHER_ENVS = {  # id -> (extra module or None, more overrides)
-    "FrozenLake-v1": (None, {"env.kwargs": {"is_slippery": False}}),
-    "CarRacing-v3": ("Box2D", {"policy.type": "sampled_muzero", "policy.num_samples": 4}),
-    "MinAtar/Breakout-v1": ("minatar", {}),
-    "MiniGrid-Empty-5x5-v0": ("minigrid", {"env.wrappers": ["minigrid.wrappers:ImgObsWrapper"]}),
-}
+OTHER_ENVS = {  # name -> (env id, extra module or None, more overrides)
+    "FrozenLake": ("FrozenLake-v1", None, {"env.kwargs": {"is_slippery": False}}),
+    "FrozenLake-grid-in-a-dict": ("FrozenLake-v1", None, {
+        "env.kwargs": {"is_slippery": False}, "env.wrappers": ["tests.user_envs:GridAndClock"]}),
+    "CarRacing": ("CarRacing-v3", "Box2D", {"policy.type": "sampled_muzero", "policy.num_samples": 4}),
+    "MinAtar-Breakout": ("MinAtar/Breakout-v1", "minatar", {}),
+    "MiniGrid-Empty": ("MiniGrid-Empty-5x5-v0", "minigrid", {"env.wrappers": [
+        "minigrid.wrappers:ImgObsWrapper", "muzero_tune.envs.wrappers:ObservationBounds {high: 10}"]}),
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("pipeline", ["sync", "async"])
-@pytest.mark.parametrize("env_id", list(OTHER_ENVS))
-def test_envs_written_elsewhere_train_on_both_pipelines(env_id, pipeline, ray_cluster, tmp_path):
+@pytest.mark.parametrize("name", list(OTHER_ENVS))
+def test_envs_written_elsewhere_train_on_both_pipelines(name, pipeline, ray_cluster, tmp_path):
     """Each trains and evaluates through ``train``: pictures (CarRacing, with a sampled type's conv
-    Gaussian network), grids (MinAtar, MiniGrid) and one-hot cells (FrozenLake)."""
+    Gaussian network), grids (MinAtar, MiniGrid, a grid inside a Dict) and one-hot cells (FrozenLake)."""
     from muzero_tune.api import train
     from muzero_tune.runs.reporter import MemoryReporter
 
-    module, more = OTHER_ENVS[env_id]
+    env_id, module, more = OTHER_ENVS[name]
     if module is not None and importlib.util.find_spec(module) is None:
         pytest.skip(f"needs the package {module} (its extra)")
     cfg = make_config(None, overrides={

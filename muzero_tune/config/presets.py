@@ -394,6 +394,25 @@ PRESETS["minatar_breakout_muzero"] = {
     "stop_value": 2.0,
 }
 
+# MiniGrid's empty 5 x 5 room (the minigrid extra): the agent's 7 x 7 view of symbolic cells (object, colour,
+# state; declared 0..255, holding 0..10). The shortest path returns 0.955; the goal 0.9 is reaching the goal
+# square within 11 steps. A random policy over the three moving actions reaches it in 75% of episodes.
+PRESETS["minigrid_empty_muzero"] = {
+    **PRESETS["cartpole_muzero"],
+    "exp_name": "minigrid_empty_muzero",
+    "env.env_id": "MiniGrid-Empty-5x5-v0",
+    "env.wrappers": [
+        "minigrid.wrappers:ImgObsWrapper",
+        "muzero_tune.envs.wrappers:ObservationBounds {high: 10}",
+    ],
+    "model.kind": "auto",
+    "model.num_channels": 16,
+    "model.num_res_blocks": 1,
+    "eval.n_episodes": 8,
+    "max_envstep": 20_000,
+    "stop_value": 0.9,
+}
+
 
 def make_config(
     preset: str | None = "cartpole_muzero",

@@ -12,16 +12,18 @@ What this module owns
       supported space -- ``Box`` of any other shape, ``Discrete`` (one-hot), ``MultiBinary``,
       ``MultiDiscrete`` (one-hot per factor) and ``Dict`` / ``Tuple`` of these -- becomes a flat float32
       ``[D]`` vector (:class:`FlatVectorFrames`, gymnasium's ``flatten`` rule: ``Dict`` entries in key
-      order);
+      order); a ``Dict`` / ``Tuple`` with one image among its entries becomes that image's uint8 frame with
+      the other entries' D values as D constant planes after its channels (:class:`ImageWithPlanesFrames`);
     * actions: ``Discrete`` (offset by its ``start``), ``Box`` with finite bounds (``[-1, 1]`` mapped to
       them, :class:`~muzero_tune.envs.actions.UnitBoxActions`), ``MultiDiscrete`` as one flat discrete
       action over its factors' product, up to :data:`MAX_FLAT_ACTIONS` (:class:`FlatMultiDiscreteActions`);
-    * anything else (``Text``, ``Graph``, ``Sequence``, unbounded ``Box`` actions, images inside a ``Dict``)
+    * anything else (``Text``, ``Graph``, ``Sequence``, unbounded ``Box`` actions, two images in one ``Dict``)
       is refused with one line naming the space and what is supported, before any work starts.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import gymnasium as gym
@@ -37,6 +39,8 @@ __all__ = [
     "FlatVectorFrames",
     "GridFrames",
     "ImageFrames",
+    "ImageWithPlanesFrames",
+    "MAX_PLANES",
     "OffsetDiscreteActions",
     "SpaceError",
     "adapt_spaces",
@@ -46,9 +50,12 @@ __all__ = [
 ]
 
 MAX_FLAT_ACTIONS = 4096  # the largest MultiDiscrete product taken as one flat discrete action
+MAX_PLANES = 64  # the most values beside an image in a Dict / Tuple observation (one constant plane each)
 _FLAT_LEAVES = (spaces.Box, spaces.Discrete, spaces.MultiBinary, spaces.MultiDiscrete)
-_OBSERVATIONS = "Box (vectors of any shape, pictures [H, W] / [H, W, C<=4], grids [H, W, C]), Discrete, " \
-    "MultiBinary, MultiDiscrete, and Dict / Tuple of the non-image ones"  # fmt: skip
+_OBSERVATIONS = (
+    "Box (vectors of any shape, pictures [H, W] / [H, W, C<=4], grids [H, W, C]), Discrete, MultiBinary, "
+    "MultiDiscrete, and Dict / Tuple of these with at most one image, at their top level"
+)
 _ACTIONS = "Discrete, Box with finite bounds, MultiDiscrete (up to {n} combinations)"
 
 
@@ -84,8 +91,8 @@ def _check_flat(space: gym.Space, env_id: str, where: str = "observation space")
         for sub in space.spaces.values() if isinstance(space, spaces.Dict) else space.spaces:
             if is_image_space(sub):
                 raise SpaceError(
-                    f"env.env_id: {env_id!r} has an image inside its {where} ({sub} in {space}); take the "
-                    f"image alone with a wrapper (env.wrappers). Supported: {_OBSERVATIONS}"
+                    f"env.env_id: {env_id!r} has a second or nested image in its {where} ({sub} in "
+                    f"{space}); keep one with a wrapper (env.wrappers). Supported: {_OBSERVATIONS}"
                 )
             _check_flat(sub, env_id, where)
         return
@@ -116,25 +123,22 @@ class FlatVectorFrames(gym.ObservationWrapper):
         return np.asarray(spaces.flatten(self._source, observation), dtype=np.float32)
 
 
-class ImageFrames(gym.ObservationWrapper):
+class _PictureFrame:
     """An image ``[H, W]`` / ``[H, W, C]`` -> uint8 ``[C', S, S]`` (C' = 1 when ``grayscale``, else C).
 
     Float images are scaled from the space's bounds to 0..255 (or taken as 0..1 where unbounded); each side is
     area-averaged down to S, or repeated up to a multiple of S then averaged, so any size reaches S."""
 
-    def __init__(self, env: gym.Env, *, size_px: int, grayscale: bool) -> None:
-        super().__init__(env)
-        space = env.observation_space
+    def __init__(self, space: spaces.Box, *, size_px: int, grayscale: bool) -> None:
         self.size_px, self.grayscale = int(size_px), bool(grayscale)
         channels = 1 if len(space.shape) == 2 else space.shape[2]
         self._to_gray = grayscale and channels in (3, 4)
         out_channels = 1 if self._to_gray else channels
         self._uint8 = space.dtype == np.uint8
         self._lo, self._span = _value_range(space)
-        self.observation_space = spaces.Box(0, 255, shape=(out_channels, self.size_px, self.size_px),
-                                            dtype=np.uint8)  # fmt: skip
+        self.space = spaces.Box(0, 255, shape=(out_channels, self.size_px, self.size_px), dtype=np.uint8)
 
-    def observation(self, observation: Any) -> np.ndarray:
+    def __call__(self, observation: Any) -> np.ndarray:
         img = np.asarray(observation)
         if not self._uint8:
             img = np.clip((img.astype(np.float32) - self._lo) / self._span * 255.0, 0.0, 255.0)
@@ -146,26 +150,112 @@ class ImageFrames(gym.ObservationWrapper):
         return _resize(chw, self.size_px)
 
 
-class GridFrames(gym.ObservationWrapper):
+class _GridFrame:
     """A grid ``[H, W, C]`` -> uint8 ``[C, H, W]`` at its own resolution: booleans as 0 / 255, other values
-    scaled from the space's bounds to 0..255 (uint8 kept as they are)."""
+    scaled from the space's bounds to 0..255 (uint8 bounded 0..255 kept as they are; a grid whose declared
+    bounds overstate its values takes :class:`~muzero_tune.envs.wrappers.ObservationBounds`)."""
 
-    def __init__(self, env: gym.Env) -> None:
-        super().__init__(env)
-        space = env.observation_space
+    def __init__(self, space: spaces.Box) -> None:
         h, w, c = space.shape
-        self._kind = "bool" if space.dtype == np.bool_ else "uint8" if space.dtype == np.uint8 else "float"
         self._lo, self._span = _value_range(space)
-        self.observation_space = spaces.Box(0, 255, shape=(c, h, w), dtype=np.uint8)
+        full_uint8 = space.dtype == np.uint8 and (self._lo, self._span) == (0.0, 255.0)
+        self._kind = "bool" if space.dtype == np.bool_ else "uint8" if full_uint8 else "scaled"
+        self.space = spaces.Box(0, 255, shape=(c, h, w), dtype=np.uint8)
 
-    def observation(self, observation: Any) -> np.ndarray:
+    def __call__(self, observation: Any) -> np.ndarray:
         grid = np.asarray(observation)
         if self._kind == "bool":
             grid = grid.astype(np.uint8) * 255
-        elif self._kind == "float":
+        elif self._kind == "scaled":
             grid = np.rint(np.clip((grid.astype(np.float32) - self._lo) / self._span, 0.0, 1.0) * 255.0)
             grid = grid.astype(np.uint8)
         return np.ascontiguousarray(np.moveaxis(grid, -1, 0))
+
+
+def _image_frame(space: spaces.Box, *, size_px: int, grayscale: bool) -> _PictureFrame | _GridFrame:
+    if is_picture_space(space):
+        return _PictureFrame(space, size_px=size_px, grayscale=grayscale)
+    return _GridFrame(space)
+
+
+class ImageFrames(gym.ObservationWrapper):
+    """A picture observation -> uint8 ``[C', S, S]`` (:class:`_PictureFrame`)."""
+
+    def __init__(self, env: gym.Env, *, size_px: int, grayscale: bool) -> None:
+        super().__init__(env)
+        self._frame = _PictureFrame(env.observation_space, size_px=size_px, grayscale=grayscale)
+        self.size_px, self.grayscale = self._frame.size_px, self._frame.grayscale
+        self.observation_space = self._frame.space
+
+    def observation(self, observation: Any) -> np.ndarray:
+        return self._frame(observation)
+
+
+class GridFrames(gym.ObservationWrapper):
+    """A grid observation -> uint8 ``[C, H, W]`` at its own resolution (:class:`_GridFrame`)."""
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        self._frame = _GridFrame(env.observation_space)
+        self.observation_space = self._frame.space
+
+    def observation(self, observation: Any) -> np.ndarray:
+        return self._frame(observation)
+
+
+class ImageWithPlanesFrames(gym.ObservationWrapper):
+    """A ``Dict`` / ``Tuple`` holding one image (picture or grid) and other flattenable entries -> uint8
+    ``[C + D, H, W]``: the image's frame (C channels, :class:`ImageFrames` / :class:`GridFrames`' rule), then
+    the D values of the other entries, flattened in order, each as one constant plane (AlphaZero's way of
+    giving a conv network scalars). A value is scaled from its bounds to 0..255; an unbounded one is squashed
+    by x / (1 + |x|) first. At most :data:`MAX_PLANES` values."""
+
+    def __init__(self, env: gym.Env, image_key: Any, *, size_px: int, grayscale: bool) -> None:
+        super().__init__(env)
+        source = env.observation_space
+        self._image_key = image_key
+        self._frame = _image_frame(source.spaces[image_key], size_px=size_px, grayscale=grayscale)
+        rest = _without(source, image_key)
+        self._rest = rest
+        flat = spaces.flatten_space(rest)
+        low, high = flat.low.astype(np.float64), flat.high.astype(np.float64)
+        self._squash = ~(np.isfinite(low) & np.isfinite(high))
+        low, high = np.where(self._squash, -1.0, low), np.where(self._squash, 1.0, high)
+        self._lo, self._span = low, np.where(high > low, high - low, 1.0)
+        c, h, w = self._frame.space.shape
+        self.observation_space = spaces.Box(0, 255, shape=(c + flat.shape[0], h, w), dtype=np.uint8)
+
+    def observation(self, observation: Any) -> np.ndarray:
+        image = self._frame(observation[self._image_key])
+        rest = _without_value(observation, self._image_key)
+        values = np.asarray(spaces.flatten(self._rest, rest), dtype=np.float64)
+        values = np.where(self._squash, values / (1.0 + np.abs(values)), values)
+        levels = np.rint(np.clip((values - self._lo) / self._span, 0.0, 1.0) * 255.0).astype(np.uint8)
+        planes = np.broadcast_to(levels[:, None, None], (levels.shape[0], *image.shape[1:]))
+        return np.ascontiguousarray(np.concatenate([image, planes], axis=0))
+
+
+def _entries(space: spaces.Dict | spaces.Tuple) -> list[tuple[Any, gym.Space]]:
+    return list(space.spaces.items()) if isinstance(space, spaces.Dict) else list(enumerate(space.spaces))
+
+
+def _image_key(space: gym.Space) -> Any:
+    """The key (Dict) or index (Tuple) of the first image entry of a ``Dict`` / ``Tuple``; else None."""
+    if isinstance(space, (spaces.Dict, spaces.Tuple)):
+        return next((k for k, v in _entries(space) if is_image_space(v)), None)
+    return None
+
+
+def _without(space: spaces.Dict | spaces.Tuple, key: Any) -> spaces.Dict | spaces.Tuple:
+    if isinstance(space, spaces.Dict):
+        return spaces.Dict({k: v for k, v in space.spaces.items() if k != key})
+    return spaces.Tuple([v for i, v in enumerate(space.spaces) if i != key])
+
+
+def _without_value(observation: Any, key: Any) -> Any:
+    if isinstance(observation, Mapping):
+        return {k: v for k, v in observation.items() if k != key}
+    return tuple(v for i, v in enumerate(observation) if i != key)
 
 
 def _resize(chw: np.ndarray, size_px: int) -> np.ndarray:
@@ -218,6 +308,17 @@ def adapt_spaces(env: gym.Env, env_id: str, *, frame_size_px: int, grayscale: bo
             env = ImageFrames(env, size_px=frame_size_px, grayscale=grayscale)
         elif is_grid_space(obs):
             env = GridFrames(env)
+        elif _image_key(obs) is not None:
+            key = _image_key(obs)
+            rest = _without(obs, key)
+            _check_flat(rest, env_id)
+            n_values = int(spaces.flatdim(rest))
+            if n_values > MAX_PLANES:
+                raise SpaceError(
+                    f"env.env_id: {env_id!r} has {n_values} values beside the image in its observation space "
+                    f"({obs}), more than the {MAX_PLANES} planes a conv frame takes; drop some with a wrapper"
+                )
+            env = ImageWithPlanesFrames(env, key, size_px=frame_size_px, grayscale=grayscale)
         else:
             _check_flat(obs, env_id)
             if not (isinstance(obs, spaces.Box) and len(obs.shape) == 1 and obs.dtype == np.float32):

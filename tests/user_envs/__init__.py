@@ -10,6 +10,8 @@ the library's flattening of both is exercised.
 
 :class:`StepsTaken` is a wrapper with keyword arguments: it adds the steps taken so far to ``info``.
 :class:`CellGrid` turns FrozenLake's cell index into a ``[4, 4, 2]`` bool grid (the agent, the holes).
+:class:`GridAndClock` makes that grid one entry of a ``Dict`` beside the cell index (``Discrete(16)``) and an
+unbounded clock (the steps taken, a ``Box(-inf, inf, (1,))``): an image with values beside it.
 """
 
 from __future__ import annotations
@@ -86,6 +88,30 @@ class CellGrid(gym.ObservationWrapper):
         for h in self.HOLES:
             grid[h // 4, h % 4, 1] = True
         return grid
+
+
+class GridAndClock(gym.ObservationWrapper):
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self._grid = CellGrid(env)
+        self.observation_space = spaces.Dict({
+            "grid": self._grid.observation_space,
+            "cell": spaces.Discrete(16),
+            "clock": spaces.Box(-np.inf, np.inf, shape=(1,), dtype=np.float32),
+        })
+        self._t = 0
+
+    def reset(self, **kwargs):
+        self._t = 0
+        return super().reset(**kwargs)
+
+    def step(self, action):
+        self._t += 1
+        return super().step(action)
+
+    def observation(self, cell):
+        clock = np.array([self._t], np.float32)
+        return {"grid": self._grid.observation(cell), "cell": int(cell), "clock": clock}
 
 
 for _name, _cls in (("UserCorridor-v0", "UserCorridor"), ("UserTextObs-v0", "UserTextObs")):
