@@ -23,11 +23,16 @@ from muzero_tune.runs.reporter import Reporter
 def train(
     cfg: ExperimentConfig, *, reporter: Reporter | None = None, resume_from: str | dict | None = None
 ) -> RunSummary:
-    """Run the pipeline the config selects: async when ``policy.async_pipeline.enabled``, else sync."""
+    """Run the pipeline the config selects: async when ``policy.async_pipeline.enabled``, else sync (with
+    ``learn.num_learners`` learner workers when it is above 0)."""
     if cfg.policy.async_pipeline.enabled:
         from muzero_tune.distributed.async_driver import train_muzero_segment_async  # starts Ray: lazy
 
         return train_muzero_segment_async(cfg, reporter=reporter, resume_from=resume_from)
+    if cfg.learn.num_learners > 0:
+        from muzero_tune.distributed.learner_group import train_sync_with_learners  # starts Ray: lazy
+
+        return train_sync_with_learners(cfg, reporter=reporter, resume_from=resume_from)
     return train_muzero_segment(cfg, reporter=reporter, resume_from=resume_from)
 
 

@@ -634,13 +634,13 @@ def test_num_threads_sets_the_steps_intra_op_threads_and_restores_the_callers(ov
         assert len(warned) == (1 if overlap and prefetch else 0)
         learner = Learner(cfg, MuZeroPolicy(cfg, SPEC))
         seen: dict[str, list[int]] = {"forward": [], "backward": []}
-        loss_fn = learner.policy.compute_loss
+        loss_fn = learner.loss_fn
 
         def recorded_loss(*args, loss_fn=loss_fn, seen=seen, **kwargs):
             seen["forward"].append(torch.get_num_threads())
             return loss_fn(*args, **kwargs)
 
-        learner.policy.compute_loss = recorded_loss
+        learner.loss_fn = recorded_loss
         # a gradient hook runs inside the backward, on the calling thread (the CPU autograd engine's)
         first = next(learner.model.parameters())
         first.register_hook(lambda g, seen=seen: seen["backward"].append(torch.get_num_threads()) or g)

@@ -254,6 +254,22 @@ class LearnConfig:
         "reanalyze); thrown away unused if the buffer, the RNG or the target network changed since, so the "
         "batches and results are the same as without",
     )
+    num_learners: int = param(
+        0,
+        "learner workers training the model data-parallel (DistributedDataParallel; gloo on CPU, NCCL on "
+        "GPU), each on batch_size / num_learners rows of every batch the driver samples; 0: the learner "
+        "runs in the driver's process",
+        ge=0,
+        le=64,
+    )
+    learner_resources: dict[str, Any] = param(
+        default_factory=dict,
+        doc="Ray resources of each learner worker, {CPU: n, GPU: n} ({}: learn.num_threads CPUs, and one "
+        "GPU when learn.device is cuda, or auto on a cluster with GPUs)",
+    )
+    learner_timeout_s: float = param(
+        600.0, "seconds a learner worker may take to start or to answer one train step", gt=0.0
+    )
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import warnings
 from typing import Any
 
@@ -63,6 +64,23 @@ def validate(cfg: ExperimentConfig, *, check_env: bool = True) -> ExperimentConf
     if replay.off_policy_transitions_per_step > 0 and replay.td_steps_min > replay.td_steps:
         raise ConfigError(
             "replay.td_steps_min", replay.td_steps_min, f"must be <= replay.td_steps ({replay.td_steps})"
+        )
+    for name, amount in learn.learner_resources.items():
+        if name not in ("CPU", "GPU"):
+            raise ConfigError(f"learn.learner_resources.{name}", amount, "allowed keys: CPU, GPU")
+        number = isinstance(amount, (int, float)) and not isinstance(amount, bool)
+        if not number or not math.isfinite(amount) or amount < 0:
+            raise ConfigError(f"learn.learner_resources.{name}", amount, "must be a finite number >= 0")
+    if learn.num_learners > 0 and ap.enabled and ap.ray_local_mode:
+        raise ConfigError(
+            "learn.num_learners", learn.num_learners,
+            "learner workers are Ray actors; policy.async_pipeline.ray_local_mode runs without Ray",
+        )  # fmt: skip
+    if learn.num_learners > 0 and learn.batch_size % learn.num_learners != 0:
+        raise ConfigError(
+            "learn.num_learners",
+            learn.num_learners,
+            f"must divide learn.batch_size ({learn.batch_size}): each learner takes an equal share",
         )
     if learn.num_threads == 2 and learn.overlap_bootstrap and learn.prefetch_next_batch:
         warnings.warn(

@@ -153,8 +153,15 @@ class AsyncDriver:
             # sooner. The evaluators are created after it (start_actors): on two cores a third booting
             # process would slow the collectors by about what this saves.
             self.actors.spawn_all(self.actors.collectors)
+        make_learner = None
+        if cfg.learn.num_learners > 0:  # in the run's learner bundles
+            from muzero_tune.distributed.learner_group import LearnerGroup
+
+            def make_learner(c, policy):
+                return LearnerGroup(c, policy, placement=placement)
+
         try:
-            self.core = DriverCore(cfg, reporter)
+            self.core = DriverCore(cfg, reporter, make_learner=make_learner)
         except BaseException:
             self.shutdown()
             raise
@@ -469,8 +476,12 @@ class AsyncDriver:
             self._drain_evals()
 
     def shutdown(self) -> None:
-        """Close actors within shutdown_timeout_s, then kill the rest; remove our placement group."""
+        """Close actors within shutdown_timeout_s, then kill the rest (learner workers too); remove our
+        placement group."""
         self.actors.shutdown()
+        core = getattr(self, "core", None)  # None where building it failed
+        if core is not None:
+            core.close()
         if self.placement is not None:
             self.placement.remove()
 

@@ -1,8 +1,10 @@
 """Resources: placement-group bundles for the driver and its actor pools, and where each actor goes.
 
-Bundle 0 is the driver and learner (``learn.num_threads`` CPUs, with a GPU when the learner uses CUDA), then
-one bundle per collector actor, then one per evaluator actor. A standalone async run creates this placement
-group itself; under Tune the trial's ``PlacementGroupFactory`` is built from the same :func:`bundles` and the
+Bundle 0 is the driver and, in process, its learner (``learn.num_threads`` CPUs, with a GPU when that learner
+uses CUDA); the async pipeline adds one bundle per collector actor, then one per evaluator actor; last come
+the ``learn.num_learners`` learner workers' bundles (``learn.learner_resources``; their GPUs are there, not in
+bundle 0). A standalone run creates this placement group itself (the sync pipeline only when it has learner
+workers); under Tune the trial's ``PlacementGroupFactory`` is built from the same :func:`bundles` and the
 actors go into the trial's group. Either way actors are created with explicit bundle indices, and every wait
 has a timeout that says which resources are missing (Ray otherwise waits silently forever).
 """
@@ -31,18 +33,31 @@ def _bundle(cpus: float, gpus: float) -> dict[str, float]:
 
 def driver_bundle(cfg: ExperimentConfig, *, learner_on_gpu: bool | None = None) -> dict[str, float]:
     """The driver's bundle: ``learn.num_threads`` CPUs (the cores its learner's step uses), and a GPU when the
-    learner runs on CUDA."""
+    learner runs on CUDA in the driver's process (``learn.num_learners=0``)."""
     if learner_on_gpu is None:
         learner_on_gpu = cfg.learn.device.startswith("cuda")
-    return _bundle(float(cfg.learn.num_threads), 1.0 if learner_on_gpu else 0.0)
+    in_process = cfg.learn.num_learners == 0
+    return _bundle(float(cfg.learn.num_threads), 1.0 if learner_on_gpu and in_process else 0.0)
+
+
+def learner_bundle(cfg: ExperimentConfig, *, learner_on_gpu: bool | None = None) -> dict[str, float]:
+    """One learner worker's bundle: ``learn.learner_resources``, by default ``learn.num_threads`` CPUs and
+    a GPU when the learner uses CUDA."""
+    if learner_on_gpu is None:
+        learner_on_gpu = cfg.learn.device.startswith("cuda")
+    res = cfg.learn.learner_resources
+    cpus = float(res.get("CPU", cfg.learn.num_threads))
+    return _bundle(cpus, float(res.get("GPU", 1.0 if learner_on_gpu else 0.0)))
 
 
 def bundles(cfg: ExperimentConfig, *, learner_on_gpu: bool | None = None) -> list[dict[str, float]]:
-    """[driver, collector_0..n-1, evaluator_0..m-1] resource bundles."""
+    """[driver, collector_0..n-1, evaluator_0..m-1 (the async pipeline's), learner_0..k-1] bundles."""
     ap = cfg.policy.async_pipeline
     out = [driver_bundle(cfg, learner_on_gpu=learner_on_gpu)]
-    out += [_bundle(ap.collector_num_cpus, ap.collector_num_gpus)] * ap.num_collector_actors
-    out += [_bundle(ap.evaluator_num_cpus, ap.evaluator_num_gpus)] * ap.num_evaluator_actors
+    if ap.enabled:
+        out += [_bundle(ap.collector_num_cpus, ap.collector_num_gpus)] * ap.num_collector_actors
+        out += [_bundle(ap.evaluator_num_cpus, ap.evaluator_num_gpus)] * ap.num_evaluator_actors
+    out += [learner_bundle(cfg, learner_on_gpu=learner_on_gpu)] * cfg.learn.num_learners
     return out
 
 
@@ -63,12 +78,23 @@ class ActorPlacement:
     num_evaluators: int
     owned: bool  # created by us (removed at shutdown) rather than Tune's
     removed: bool = False  # remove() has run
+    num_learners: int = 0
 
     def collector_bundle(self, i: int) -> int:
         return 1 + i
 
     def evaluator_bundle(self, j: int) -> int:
         return 1 + self.num_collectors + j
+
+    def learner_bundle(self, k: int) -> int:
+        return 1 + self.num_collectors + self.num_evaluators + k
+
+    @classmethod
+    def of(cls, cfg: ExperimentConfig, placement_group: Any, *, owned: bool) -> ActorPlacement:
+        """The slots ``cfg`` asks for (no collectors or evaluators on the sync pipeline) in a group."""
+        ap = cfg.policy.async_pipeline
+        actors = (ap.num_collector_actors, ap.num_evaluator_actors) if ap.enabled else (0, 0)
+        return cls(placement_group, *actors, owned=owned, num_learners=cfg.learn.num_learners)
 
     def options(self, bundle_index: int) -> dict:
         if self.placement_group is None:  # local mode: actors run in this process
@@ -150,13 +176,13 @@ def standalone_placement(cfg: ExperimentConfig, *, learner_on_gpu: bool, timeout
 
         remove_placement_group(pg)
         raise PlacementError(
-            f"the async pipeline's {strategy} placement group ({len(bs)} bundles: {bs}, bundle 0 on the "
+            f"the run's {strategy} placement group ({len(bs)} bundles: {bs}, bundle 0 on the "
             f"driver's node) was not placed within "
             f"{timeout_s:g} s; resources: {short}. Reduce policy.async_pipeline.num_collector_actors / "
-            f"num_evaluator_actors / *_num_cpus / *_num_gpus, or give Ray more resources."
+            f"num_evaluator_actors / *_num_cpus / *_num_gpus, learn.num_learners / learner_resources, or "
+            f"give Ray more resources."
         )
-    ap = cfg.policy.async_pipeline
-    return ActorPlacement(pg, ap.num_collector_actors, ap.num_evaluator_actors, owned=True)
+    return ActorPlacement.of(cfg, pg, owned=True)
 
 
 def current_placement(cfg: ExperimentConfig) -> ActorPlacement | None:
@@ -171,12 +197,10 @@ def current_placement(cfg: ExperimentConfig) -> ActorPlacement | None:
     if len(have) < len(want):
         raise PlacementError(
             f"the trial's placement group has {len(have)} bundles but this config needs {len(want)} "
-            f"(driver + {cfg.policy.async_pipeline.num_collector_actors} collectors + "
-            f"{cfg.policy.async_pipeline.num_evaluator_actors} evaluators): build the trainable with "
-            f"muzero_tune.tune.make_trainable(cfg)"
+            f"(driver, the async pipeline's collectors and evaluators, {cfg.learn.num_learners} learners): "
+            f"build the trainable with muzero_tune.tune.make_trainable(cfg)"
         )
-    ap = cfg.policy.async_pipeline
-    return ActorPlacement(pg, ap.num_collector_actors, ap.num_evaluator_actors, owned=False)
+    return ActorPlacement.of(cfg, pg, owned=False)
 
 
 # ---------------------------------------------------------------------------------------------- local mode
@@ -249,5 +273,4 @@ class LocalRay:
 
 def local_placement(cfg: ExperimentConfig) -> ActorPlacement:
     """Local mode: no placement group (the actors live in the driver process)."""
-    ap = cfg.policy.async_pipeline
-    return ActorPlacement(None, ap.num_collector_actors, ap.num_evaluator_actors, owned=False)
+    return ActorPlacement.of(cfg, None, owned=False)

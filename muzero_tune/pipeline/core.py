@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -130,6 +132,9 @@ def make_policy(cfg: ExperimentConfig):
     return cls(cfg, spec), spec
 
 
+MakeLearner = Callable[[ExperimentConfig, Any], Any]  # (cfg, policy) -> a Learner or a learner group
+
+
 @dataclass(frozen=True)
 class Prefetched:
     """A batch built ahead of its train step and what it was built on (see the module docstring)."""
@@ -145,11 +150,22 @@ class Prefetched:
 class DriverCore:
     """Learner + replay buffer + counters, driven by a sync or async loop."""
 
-    def __init__(self, cfg: ExperimentConfig, reporter: Reporter):
+    def __init__(
+        self, cfg: ExperimentConfig, reporter: Reporter, *, make_learner: MakeLearner | None = None
+    ):
+        """``make_learner(cfg, policy)``: the learner (default: :class:`Learner`, in this process; the
+        distributed layer passes a data-parallel learner group's constructor for ``learn.num_learners``)."""
         self.cfg = cfg
         self.reporter = reporter
         self.policy, self.spec = make_policy(cfg)
-        self.learner = Learner(cfg, self.policy)
+        if make_learner is None:
+            if cfg.learn.num_learners > 0:
+                raise ConfigError(
+                    "learn.num_learners", cfg.learn.num_learners,
+                    "learner workers are Ray actors: train through muzero_tune.train, the CLI or Tune",
+                )  # fmt: skip
+            make_learner = Learner
+        self.learner = make_learner(cfg, self.policy)
         rc = cfg.replay
         self.buffer = ReplayBuffer(
             capacity_transitions=rc.capacity_transitions,
@@ -353,11 +369,16 @@ class DriverCore:
             p.batch.bootstrap.future.cancel()  # not started yet: skipped; running: it finishes, unread
         self.prefetch_stats["discarded"] += 1
 
+    def close(self) -> None:
+        """Stop the learner's helper thread, or end the learner workers."""
+        self.drop_prefetched()
+        self.learner.close()
+
     def budget_done(self) -> None:
         """One collect's train budget finished: count it and run the policy hook."""
         self.drop_prefetched()
         self.counters.train_epoch += 1
-        self.policy.on_train_budget_done(self.learner.model, self.learner.target_model)
+        self.learner.train_budget_done()
 
     # ------------------------------------------------------------------ evaluation and reports
 

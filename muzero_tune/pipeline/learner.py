@@ -28,6 +28,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -203,6 +204,14 @@ def set_rng_state(state: dict) -> None:
 
 
 @dataclass(frozen=True)
+class StepInProgress:
+    """A train step between its loss's forward and its backward (:meth:`Learner.forward_loss`)."""
+
+    out: Any  # the policy's loss output: loss (a scalar tensor with its graph), priorities [B], metrics
+    t0: float  # perf_counter when the step started
+
+
+@dataclass(frozen=True)
 class LearnOutput:
     """What one train step returns to the driver."""
 
@@ -247,6 +256,9 @@ class Learner:
         # learn.helper_ssl_encodings: the last SSL target encodings on the helper (None: all on this thread)
         self.ssl_offload = self._make_ssl_offload()
         self.target_version = 0  # counts the target network's changes (DriverCore's prefetch checks it)
+        # the loss: policy.compute_loss(model, batch, train_iter=, ...); a data-parallel learner stands in
+        # its DistributedDataParallel wrapper (muzero_tune.distributed.learner_group)
+        self.loss_fn: Callable[..., Any] = policy.compute_loss
 
     def _make_ssl_offload(self) -> SslOffload | None:
         lc = self.cfg.learn
@@ -295,6 +307,14 @@ class Learner:
         ``after_forward(priorities)``: called on this thread with the new priorities [B] float32 once the
         loss's forward is done, before the backward (the driver writes them back and may build the next
         batch there, its bootstrap forward then running on the helper beside this backward)."""
+        step = self.forward_loss(batch)
+        if after_forward is not None:
+            after_forward(step.out.priorities)
+        return self.finish_step(step)
+
+    def forward_loss(self, batch: TrainBatch) -> StepInProgress:
+        """The first half of :meth:`train_step`: the loss's forward on ``batch`` (with its bootstrap values);
+        the priorities are known after it. :meth:`finish_step` does the rest."""
         lc = self.cfg.learn
         t0 = time.perf_counter()
         if not self.model.training:  # Module.train() walks every submodule: only when it changes
@@ -314,14 +334,17 @@ class Learner:
             batch = self.in_precision(resolve_bootstrap, batch, lc.bootstrap_piece_rows)
         try:
             with intra_op_threads(self.forward_threads):
-                out = self.in_precision(
-                    self.policy.compute_loss, self.model, batch, train_iter=self.train_iter, **kwargs
-                )
+                out = self.in_precision(self.loss_fn, self.model, batch, train_iter=self.train_iter, **kwargs)
         finally:
             if pending is not None:
                 pending.cancel()  # a no-op after a loss that took them all
-        if after_forward is not None:
-            after_forward(out.priorities)
+        return StepInProgress(out=out, t0=t0)
+
+    def finish_step(self, step: StepInProgress) -> LearnOutput:
+        """The second half of :meth:`train_step`: backward, gradient clipping, optimizer and LR steps, the
+        target network's update."""
+        lc = self.cfg.learn
+        out = step.out
         with intra_op_threads(self.backward_threads):
             self.optimizer.zero_grad(set_to_none=True)
             self._scaler.scale(out.loss).backward()
@@ -332,11 +355,20 @@ class Learner:
         self.scheduler.step()
         self.train_iter += 1
         self._update_target()
-        self.train_time_s += time.perf_counter() - t0
+        self.train_time_s += time.perf_counter() - step.t0
         metrics = dict(out.metrics)
         metrics["train/grad_norm"] = grad_norm
         metrics["train/lr"] = float(self.optimizer.param_groups[0]["lr"])
         return LearnOutput(priorities=out.priorities, metrics=metrics)
+
+    def target_changed_at(self, train_iter: int) -> bool:
+        """Whether the step that made ``train_iter`` updated the target network."""
+        lc = self.cfg.learn
+        return lc.target_update_tau > 0 or train_iter % lc.target_update_interval == 0
+
+    def train_budget_done(self) -> None:
+        """One collect's train budget finished: the policy's hook on the trained and target models."""
+        self.policy.on_train_budget_done(self.model, self.target_model)
 
     def in_precision(self, fn, *args, **kwargs):
         """``fn(*args, **kwargs)`` under the learner's autocast (``learn.mixed_precision``; fp32: as is)."""
@@ -352,11 +384,16 @@ class Learner:
                     p_t.lerp_(p, lc.target_update_tau)
                 for b_t, b in zip(self.target_model.buffers(), self.model.buffers()):
                     b_t.copy_(b)
-        elif self.train_iter % lc.target_update_interval == 0:
+        elif self.target_changed_at(self.train_iter):
             self.target_model.load_state_dict(self.model.state_dict())
         else:
             return
         self.target_version += 1
+
+    def close(self) -> None:
+        """Stop the helper thread (the learner is not stepped after this)."""
+        if self.bootstrap_helper is not None:
+            self.bootstrap_helper.shutdown(wait=False, cancel_futures=True)
 
     def weights_snapshot(self) -> dict[str, torch.Tensor]:
         """A CPU copy of the model weights (immutable snapshot for actors and evaluation)."""

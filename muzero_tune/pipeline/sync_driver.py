@@ -1,6 +1,8 @@
 """The sync segment pipeline: collect -> push -> reanalyze per schedule -> train -> evaluate, in one process.
 
-It never starts Ray. Training semantics live in :class:`DriverCore` and are shared with the async driver.
+It never starts Ray itself (with ``learn.num_learners`` > 0 the distributed layer starts it and passes the
+learner group's constructor in). Training semantics live in :class:`DriverCore` and are shared with the
+async driver.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from muzero_tune.pipeline.collector import SegmentCollector, visit_temperature
 from muzero_tune.pipeline.core import (
     EVAL_SEED_OFFSET,
     DriverCore,
+    MakeLearner,
     RunSummary,
     check_policy_env,
     setup_torch_threads,
@@ -28,24 +31,34 @@ def train_muzero_segment(
     *,
     reporter: Reporter | None = None,
     resume_from: str | dict | None = None,
+    make_learner: MakeLearner | None = None,
 ) -> RunSummary:
     """Train with the sync pipeline until stop_value, max_envstep or max_train_iter.
 
     ``resume_from``: a checkpoint path (or loaded checkpoint dict) whose ``resume`` state is continued
-    with exact counters.
+    with exact counters. ``make_learner``: see :class:`DriverCore`.
     """
     validate(cfg)
     check_policy_env(cfg)
     setup_torch_threads()
     reporter = reporter or default_reporter(cfg, resume_from=resume_from)
-    core = DriverCore(cfg, reporter)
-    if resume_from is not None:
-        ckpt = load_checkpoint(resume_from) if isinstance(resume_from, str) else resume_from
-        core.load_resume_state(ckpt["resume"])
-    collector = SegmentCollector(cfg, core.policy, core.spec, seed=cfg.seed)
-    evaluator = Evaluator(
-        cfg, core.policy, core.spec, seed=cfg.seed + EVAL_SEED_OFFSET, video=cfg.eval.video_every > 0
-    )
+    try:
+        core = DriverCore(cfg, reporter, make_learner=make_learner)
+    except BaseException:
+        reporter.close()
+        raise
+    try:
+        if resume_from is not None:
+            ckpt = load_checkpoint(resume_from) if isinstance(resume_from, str) else resume_from
+            core.load_resume_state(ckpt["resume"])
+        collector = SegmentCollector(cfg, core.policy, core.spec, seed=cfg.seed)
+        evaluator = Evaluator(
+            cfg, core.policy, core.spec, seed=cfg.seed + EVAL_SEED_OFFSET, video=cfg.eval.video_every > 0
+        )
+    except BaseException:
+        core.close()
+        reporter.close()
+        raise
     eval_model = copy.deepcopy(core.learner.model)
     evals: list[dict] = []
     stop_reason = "max_envstep"
@@ -120,5 +133,6 @@ def train_muzero_segment(
     finally:
         collector.close()
         evaluator.close()
+        core.close()
         reporter.close()
     return RunSummary(stop_reason, core.counters.env_steps, core.train_iter, evals, core.wall_s(), timings)

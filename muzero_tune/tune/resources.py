@@ -2,14 +2,15 @@
 
 Bundle 0 is the trial's own process (driver + learner, with a GPU when the learner uses CUDA -- including
 ``learn.device=auto`` on a cluster that has a GPU, so the GPU the learner takes is reserved); an async
-trial adds one bundle per collector and evaluator actor, which its driver fills with explicit bundle
-indices. A sync trial is bundle 0 alone.
+trial adds one bundle per collector and evaluator actor, and ``learn.num_learners`` learner workers one each
+(their GPUs there instead of bundle 0's), which its driver fills with explicit bundle indices. A sync trial
+without learner workers is bundle 0 alone.
 """
 
 from __future__ import annotations
 
 from muzero_tune.config import ExperimentConfig
-from muzero_tune.distributed.placement import bundles, driver_bundle, total_resources
+from muzero_tune.distributed.placement import bundles, total_resources
 
 
 def learner_wants_gpu(cfg: ExperimentConfig, *, cluster_gpus: float | None = None) -> bool:
@@ -31,10 +32,7 @@ def learner_wants_gpu(cfg: ExperimentConfig, *, cluster_gpus: float | None = Non
 
 
 def trial_bundles(cfg: ExperimentConfig, *, cluster_gpus: float | None = None) -> list[dict[str, float]]:
-    gpu = learner_wants_gpu(cfg, cluster_gpus=cluster_gpus)
-    if cfg.policy.async_pipeline.enabled:
-        return bundles(cfg, learner_on_gpu=gpu)
-    return [driver_bundle(cfg, learner_on_gpu=gpu)]
+    return bundles(cfg, learner_on_gpu=learner_wants_gpu(cfg, cluster_gpus=cluster_gpus))
 
 
 def placement_group_factory(cfg: ExperimentConfig):
