@@ -15,6 +15,7 @@ from muzero_tune.distributed.learner_group import LearnerFailureError, LearnerGr
 from muzero_tune.distributed.placement import bundles, standalone_placement
 from muzero_tune.pipeline.collector import SegmentCollector
 from muzero_tune.pipeline.core import DriverCore
+from muzero_tune.policies.registry import POLICY_CLASSES
 from muzero_tune.runs.reporter import MemoryReporter
 
 SMALL = {
@@ -107,13 +108,14 @@ def test_a_run_with_two_learners_trains_and_resumes_in_process(pipeline, ray_clu
     its checkpoint resumes with the learner in the driver's process."""
     from muzero_tune.api import train
     from muzero_tune.runs.checkpoint import find_checkpoint
+    from muzero_tune.runs.reporter import default_reporter
 
     over = {**SMALL, "learn.num_learners": 2, "max_envstep": 400, "logging.output_dir": str(tmp_path),
             "exp_name": pipeline, "policy.async_pipeline.enabled": pipeline == "async",
-            "policy.async_pipeline.num_collector_actors": 1}  # fmt: skip
-    rep = MemoryReporter()
-    summary = train(make_config("cartpole_muzero", overrides=over), reporter=rep)
-    assert summary.train_iter > 0 and rep.evals and np.isfinite(rep.evals[-1]["reward_mean"])
+            "policy.async_pipeline.num_collector_actors": 1, "logging.mlflow": False}  # fmt: skip
+    cfg = make_config("cartpole_muzero", overrides=over)
+    summary = train(cfg, reporter=default_reporter(cfg))
+    assert summary.train_iter > 0 and summary.evals and np.isfinite(summary.evals[-1]["reward_mean"])
     ckpt = find_checkpoint(os.path.join(str(tmp_path), pipeline)).checkpoint
     resumed = train(
         make_config("cartpole_muzero", overrides={**over, "learn.num_learners": 0, "max_envstep": 600,
@@ -142,3 +144,56 @@ def test_a_killed_learner_stops_the_run_with_a_clear_error(ray_cluster, tmp_path
     finally:
         core.close()
         placement.remove()
+
+
+TINY = {
+    "mcts.num_simulations": 4, "learn.batch_size": 16, "env.collector_env_num": 2, "env.evaluator_env_num": 1,
+    "eval.n_episodes": 1, "eval.eval_freq": 10, "replay.game_segment_length": 20, "max_envstep": 120,
+    "stop_value": None, "logging.quiet": True, "learn.num_learners": 2,
+    "policy.async_pipeline.num_collector_actors": 1,
+}  # fmt: skip
+
+
+def _trains_with_two_learners(policy_type: str, asynchronous: bool) -> None:
+    from muzero_tune.api import train
+
+    cfg = make_config(f"cartpole_{policy_type}", overrides={
+        **TINY, "policy.async_pipeline.enabled": asynchronous,
+    })  # fmt: skip
+    rep = MemoryReporter()
+    summary = train(cfg, reporter=rep)
+    assert summary.train_iter > 0 and rep.evals
+    assert all(np.isfinite(e["reward_mean"]) for e in rep.evals)
+    losses = [row["train/loss_total"] for row in rep.progress + rep.evals if "train/loss_total" in row]
+    assert losses and all(np.isfinite(losses))
+
+
+@pytest.mark.parametrize("policy_type", list(POLICY_CLASSES))
+def test_every_policy_type_trains_with_two_learners_async(policy_type, ray_cluster):
+    """Each type's CartPole preset on the async pipeline with 2 learners: its loss runs under DDP (its
+    extra state -- LSTM, chance codes, transformer caches, sampled actions -- on the learners' side) while
+    Ray actors collect and evaluate; the run trains and evaluates."""
+    _trains_with_two_learners(policy_type, asynchronous=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy_type", list(POLICY_CLASSES))
+def test_every_policy_type_trains_with_two_learners_sync(policy_type, ray_cluster):
+    """The same on the sync pipeline (its learner side is the async one's; the default suite runs it for
+    muzero through the resume test)."""
+    _trains_with_two_learners(policy_type, asynchronous=False)
+
+
+def test_a_tune_trial_reserves_and_uses_the_learner_bundles(ray_cluster, tmp_path):
+    """The trial's placement group is [driver, collector, evaluator, learner, learner]; the trial's learners
+    are created in its last two bundles (a group without them is refused before training) and it reports."""
+    from muzero_tune.tune.resources import placement_group_factory
+    from muzero_tune.tune.sweep import run_sweep
+
+    over = {**TINY, "tune.storage_path": str(tmp_path), "max_envstep": 200}
+    cfg = make_config("cartpole_muzero", overrides={**over, "policy.async_pipeline.enabled": True})
+    assert placement_group_factory(cfg).bundles == [{"CPU": 1.0}] * 5
+    res = run_sweep("quickstart", name="learners", overrides=over,
+                    param_space_extra={"policy.async_pipeline.enabled": True, "seed": 0})  # fmt: skip
+    (trial,) = list(res.results)
+    assert trial.error is None and trial.metrics["eval_index"] >= 1 and trial.metrics["train_iter"] > 0
