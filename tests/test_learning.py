@@ -51,10 +51,12 @@ GOALS = [
     *[("frozenlake_muzero", s, 20_000, 600) for s in (0, 1, 2)],
     # grids on the conv network at full resolution (the minatar extra)
     *[("minatar_breakout_muzero", s, 30_000, 2_400) for s in (0, 1, 2)],
+    *[("minigrid_empty_muzero", s, 20_000, 1_800) for s in (0, 1, 2)],
 ]
 
 EXTRAS = {  # env id prefix -> (module, the extra that installs it)
     "MinAtar": ("minatar", "minatar"),
+    "MiniGrid": ("minigrid", "minigrid"),
     "InvertedPendulum": ("mujoco", "mujoco"),
     "LunarLander": ("Box2D", "box2d"),
 }
