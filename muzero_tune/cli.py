@@ -282,14 +282,17 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _join_cluster_for(cfg, args: argparse.Namespace) -> None:
-    """Join --address / $RAY_ADDRESS now for an async run; a sync run needs no Ray (says so for --address)."""
+    """Join --address / $RAY_ADDRESS now for a run with Ray actors (the async pipeline's, or learner workers);
+    a sync run with its learner in process needs no Ray (says so for --address)."""
     from muzero_tune.distributed.cluster import join_cluster, requested_address
 
     _check_timeout(args)
     address = requested_address(args.address)
     if address is None:
         return
-    if not cfg.policy.async_pipeline.enabled or cfg.policy.async_pipeline.ray_local_mode:
+    ap = cfg.policy.async_pipeline
+    uses_ray = (ap.enabled and not ap.ray_local_mode) or cfg.learn.num_learners > 0
+    if not uses_ray:
         if args.address:
             _note(f"--address {args.address} not used: this run's pipeline runs in this process without Ray")
         return

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from muzero_tune.config import ExperimentConfig, from_flat_dict, to_flat_dict
-from muzero_tune.pipeline.learner import Learner, LearnOutput, StepInProgress, rng_state
+from muzero_tune.pipeline.learner import Learner, LearnOutput, StepInProgress, resolve_device, rng_state
 from muzero_tune.policies.base import Policy
 from muzero_tune.replay.targets import TrainBatch, resolve_bootstrap
 
@@ -231,7 +231,9 @@ class LearnerGroup:
         remote = ray.remote(LearnerWorker)
         self.train_iter = 0
         self.train_time_s = 0.0
-        self.last_step_timing: dict[str, float] = {}
+        # seconds summed over steps: the driver's own work in them (bootstrap values, shards, priorities and
+        # what after_forward does), the waits for the learners' forward and backward, and whole steps
+        self.step_timing_s = {"driver": 0.0, "forward_wait": 0.0, "backward_wait": 0.0, "step": 0.0}
         self._model_iter = 0
         self.workers = []
         for rank in range(self.num_learners):
@@ -308,11 +310,12 @@ class LearnerGroup:
             self._pull_target()
         metrics = {k: float(np.mean([m[k] for _, m in outs])) for k in outs[0][1]}
         metrics.update(step_metrics)
-        self.train_time_s += time.perf_counter() - t0
-        self.last_step_timing = {
-            "driver_s": (t_sent - t0) + (t_driver - t_fwd), "forward_wait_s": t_fwd - t_sent,
-            "backward_wait_s": t_end - t_driver, "step_s": time.perf_counter() - t0,
-        }  # fmt: skip
+        t_done = time.perf_counter()
+        self.train_time_s += t_done - t0
+        for key, seconds in (("driver", (t_sent - t0) + (t_driver - t_fwd) + (t_done - t_end)),
+                             ("forward_wait", t_fwd - t_sent), ("backward_wait", t_end - t_driver),
+                             ("step", t_done - t0)):  # fmt: skip
+            self.step_timing_s[key] += seconds
         return LearnOutput(priorities=priorities, metrics=metrics)
 
     def target_changed_at(self, train_iter: int) -> bool:
@@ -407,8 +410,8 @@ def train_sync_with_learners(
     ensure_ray(cfg)
     placement = current_placement(cfg)
     if placement is None:
-        placement = standalone_placement(cfg, learner_on_gpu=cfg.learn.device.startswith("cuda"),
-                                         timeout_s=cfg.learn.learner_timeout_s)  # fmt: skip
+        on_gpu = resolve_device(cfg.learn.device).type == "cuda"  # auto: cuda where this machine has one
+        placement = standalone_placement(cfg, learner_on_gpu=on_gpu, timeout_s=cfg.learn.learner_timeout_s)
     try:
         return train_muzero_segment(
             cfg, reporter=reporter, resume_from=resume_from,

@@ -6,7 +6,9 @@
 #      index and lacks them, pip installs the project instead;
 #   1. the tests that need CUDA (tests/test_devices.py: the learner on cuda in fp32 and mixed precision, search),
 #   2. the learner's efficiency on the Pong conv network on the GPU, fp32 and bf16 autocast (bench_learner),
-#   3. Pong throughput, sync vs async with 1 and 2 collectors, learner on the GPU (bench_throughput, 1 round).
+#   3. train steps/s with the learner in process and as 1 learner worker on the GPU (2 where the machine has
+#      two GPUs): DDP over NCCL, the driver's share of a step (bench_learner_group),
+#   4. Pong throughput, sync vs async with 1 and 2 collectors, learner on the GPU (bench_throughput, 1 round).
 # Every step's output also goes to $OUT/device_check.log when $OUT is set (the device tool brings $OUT back).
 #
 # Usage: bash scripts/tools/device_check.sh [WALL_S_PER_PIPELINE]        (default 45)
@@ -50,6 +52,13 @@ PYEOF
   timeout 120 $PY scripts/bench/bench_learner.py --preset "$PRESET" --set learn.device="$DEVICE" --steps 20 --rounds 2
   timeout 120 $PY scripts/bench/bench_learner.py --preset "$PRESET" --set learn.device="$DEVICE" \
     --set learn.mixed_precision=true --steps 20 --rounds 2
+  # every compared group holds its GPUs at once: 1 learner beside the in-process one, then 2 where 2 GPUs are
+  NGPU=$($PY -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
+  for LEARNERS in "0 1" $([ "${NGPU:-0}" -ge 2 ] && echo "0_2"); do
+    echo "== learner workers on $DEVICE (${LEARNERS/_/ }), $PRESET network at its preset batch"
+    timeout 240 $PY scripts/bench/bench_learner_group.py --preset "$PRESET" --set learn.device="$DEVICE" \
+      --learners ${LEARNERS/_/ } --steps 10 --rounds 2
+  done
   echo "== $PRESET throughput, sync vs async (learner on $DEVICE, actors on CPU)"
   timeout $((WALL * 3 + 90)) $PY scripts/bench/bench_throughput.py --preset "$PRESET" --wall-s "$WALL" --collectors 1 2 \
     --rounds 1 --set learn.device="$DEVICE" --set mcts.num_simulations=50 \
