@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU check: one prepared run of at most ~9 minutes on a CUDA machine: the CUDA paths and their throughput.
+# GPU check: one prepared run of at most ~12 minutes on a CUDA machine: the CUDA paths and their throughput.
 #   0. packages: the device machine reaches no package index, so what its image lacks (gymnasium, ale-py, ray
 #      and ray's jsonschema) comes in .whl/, built beforehand on this machine by scripts/tools/device_wheels.sh and
 #      carried with the call (`carry: [".whl"]`); installed into /tmp/site. On a machine that reaches an
