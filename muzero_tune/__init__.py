@@ -7,7 +7,7 @@ the Tune trainable. Everything else is machinery behind them.
 from muzero_tune.config import ConfigError, ExperimentConfig, apply_overrides, make_config, validate
 from muzero_tune.errors import UserError
 
-__version__ = "0.1.0"  # keep equal to setup.cfg's version (a test checks)
+__version__ = "0.1.0"  # the one place the version is written (setup.cfg reads it)
 
 __all__ = [
     "__version__",

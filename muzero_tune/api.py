@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from muzero_tune.config import ExperimentConfig
-from muzero_tune.pipeline.core import RunSummary
+from muzero_tune.pipeline.core import RunSummary, one_torch_thread
 from muzero_tune.pipeline.sync_driver import train_muzero_segment
 from muzero_tune.runs.checkpoint import load_policy
 from muzero_tune.runs.reporter import Reporter
@@ -50,6 +50,7 @@ class Evaluation:
     videos: tuple[str, ...] = ()  # the mp4 files written (``video_dir``)
 
 
+@one_torch_thread
 def evaluate(
     checkpoint: str,
     *,
@@ -65,12 +66,11 @@ def evaluate(
     ``overrides``: eval.* / mcts.* settings to evaluate with (validated); ``seed`` defaults to the run's
     evaluation seed, ``episodes`` to ``eval.n_episodes``. ``video_dir``: record the first env's first
     ``video_episodes`` episodes there as mp4 files (and into the run's MLflow run, when it has one)."""
-    from muzero_tune.pipeline.core import EVAL_SEED_OFFSET, check_video_for, setup_torch_threads
+    from muzero_tune.pipeline.core import EVAL_SEED_OFFSET, check_video_for
     from muzero_tune.pipeline.evaluator import Evaluator
     from muzero_tune.runs.checkpoint import find_checkpoint, policy_from_checkpoint
     from muzero_tune.runs.videos import log_videos_to_run, write_videos
 
-    setup_torch_threads()
     found = find_checkpoint(checkpoint)
     for path, problem in found.skipped:
         if on_skipped is not None:

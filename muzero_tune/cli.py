@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 
 from muzero_tune.config import (
@@ -81,15 +82,39 @@ def _cluster_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _settings_epilog(preset: str | None) -> str:
+    """``train --help``'s settings: the values the chosen preset (default :data:`DEFAULT_PRESET`) gives, with
+    the bare default beside each one it changes."""
+    name = preset if preset in PRESETS else DEFAULT_PRESET
+    values = to_flat_dict(make_config(name, check_env=False))
+    return f"settings as preset {name} sets them (use with --set KEY=VALUE):\n" + describe_fields(
+        values, source=name
+    )
+
+
+def _preset_in(argv: list[str]) -> str | None:
+    """The ``--preset NAME`` (or ``--preset=NAME``) in ``argv``, if any."""
+    for i, arg in enumerate(argv):
+        if arg == "--preset" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--preset="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def build_parser(preset: str | None = None) -> argparse.ArgumentParser:
+    """The command line; ``preset``: whose values ``train --help`` lists (default :data:`DEFAULT_PRESET`)."""
+    from muzero_tune import __version__
+
     parser = _Parser(prog="muzero-tune", description="Train, evaluate and compare MuZero-family agents.")
+    parser.add_argument("--version", action="version", version=f"muzero-tune {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     tr = sub.add_parser(
         "train",
         help="train one agent (sync pipeline, or async with --async-pipeline)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="settings (use with --set KEY=VALUE):\n" + describe_fields(),
+        epilog=_settings_epilog(preset),
     )
     _config_args(tr, resumable=True)
     tr.add_argument(
@@ -180,7 +205,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="where `mlflow ui` serves, for the printed links (default http://127.0.0.1:5000)",
     )
 
-    sub.add_parser("presets", help="list presets and their settings")
+    pr = sub.add_parser("presets", help="a table of the presets, or one preset's resolved settings")
+    pr.add_argument("name", nargs="?", help="a preset: print every setting it resolves to")
     sub.add_parser("spaces", help="list named search spaces")
     return parser
 
@@ -438,18 +464,56 @@ def _cmd_spaces(_: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_presets(_: argparse.Namespace) -> int:
-    for name, values in PRESETS.items():
-        print(f"{name}:")
-        for k, v in values.items():
-            print(f"  {k} = {v!r}")
+def _cmd_presets(args: argparse.Namespace) -> int:
+    """``presets``: name, env, policy type, goal and budget of each; ``presets NAME``: every setting of one
+    (``*`` marks those the preset sets)."""
+    if args.name is not None:
+        cfg = make_config(args.name, check_env=False)  # an unknown name: ConfigError naming the presets
+        own = set(PRESETS[args.name])
+        for key, value in to_flat_dict(cfg).items():
+            print(f"{'*' if key in own else ' '} {key} = {value!r}")
+        return 0
+    rows = [("preset", "env", "policy type", "goal", "budget (env steps)")]
+    for name in PRESETS:
+        cfg = make_config(name, check_env=False)
+        goal = "-" if cfg.stop_value is None else f"reward_mean >= {cfg.stop_value:g}"
+        rows.append((name, cfg.env.env_id, cfg.policy.type, goal, f"{cfg.max_envstep:,}"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    print("muzero-tune presets NAME: every setting of one preset")
     return 0
+
+
+class _StdoutHandler(logging.StreamHandler):
+    """Writes each record to the ``sys.stdout`` of the moment it is emitted (one that is replaced later, as
+    tests capturing the output do, still gets the lines)."""
+
+    @property
+    def stream(self):
+        return sys.stdout
+
+    @stream.setter
+    def stream(self, _value) -> None:
+        pass
+
+
+def _show_progress_lines() -> None:
+    """The library's INFO records (progress and evaluation lines) on stdout, once per process."""
+    logger = logging.getLogger("muzero_tune")
+    if not any(isinstance(h, _StdoutHandler) for h in logger.handlers):
+        handler = _StdoutHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command; a user error (bad input) is printed as one line with exit status 2, while any other
     exception is a bug and keeps its traceback."""
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(_preset_in(argv)).parse_args(argv)
+    _show_progress_lines()
     try:
         return {
             "train": _cmd_train,
@@ -470,6 +534,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"muzero-tune {args.command}: error: {_one_line(e)}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader went away (`muzero-tune presets | head`): not an error
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:
         print(
             f"muzero-tune {args.command}: interrupted (checkpoints written so far are intact)",

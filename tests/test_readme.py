@@ -4,6 +4,7 @@ the Layout section names what is in the tree, and the package declares its versi
 from __future__ import annotations
 
 import configparser
+import importlib.metadata
 import os
 import re
 import subprocess
@@ -66,7 +67,11 @@ def test_version_and_license():
 
     cfg = configparser.ConfigParser()
     cfg.read(os.path.join(ROOT, "setup.cfg"))
-    assert muzero_tune.__version__ == cfg["metadata"]["version"]
+    assert cfg["metadata"]["version"] == "attr: muzero_tune.__version__"  # one place
+    assert importlib.metadata.version("muzero-tune") == muzero_tune.__version__
+    for cmd in (["muzero-tune"], [sys.executable, "-m", "muzero_tune"]):
+        out = subprocess.run([*cmd, "--version"], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and out.stdout.strip() == f"muzero-tune {muzero_tune.__version__}"
     assert cfg["metadata"]["license"] == "Apache-2.0"
     with open(os.path.join(ROOT, "LICENSE")) as f:
         text = f.read()

@@ -234,15 +234,19 @@ def from_flat_dict(flat: Mapping[str, Any]) -> ExperimentConfig:
     return apply_overrides(ExperimentConfig(), flat)
 
 
-def describe_fields() -> str:
-    """One line per setting: key, type, default, doc (the CLI's --help epilog)."""
+def describe_fields(values: Mapping[str, Any] | None = None, *, source: str = "default") -> str:
+    """One line per setting: key, type, value, doc (the CLI's --help epilog). ``values``: a resolved config's
+    flat values (a preset's) to show, with the bare default beside each one they change; ``source`` names
+    them (e.g. ``"cartpole_muzero"``)."""
     lines = []
     defaults = to_flat_dict(ExperimentConfig())
     for key, tp, f in iter_fields():
         extra = ""
         if f.metadata.get("choices"):
             extra = f" {{{', '.join(map(str, f.metadata['choices']))}}}"
-        lines.append(
-            f"  {key} ({_type_name(tp)}, default {defaults[key]!r}){extra}: {f.metadata.get('doc', '')}"
-        )
+        value = defaults[key] if values is None else values[key]
+        shown = f"{source} {value!r}"
+        if values is not None and value != defaults[key]:
+            shown += f"; default {defaults[key]!r}"
+        lines.append(f"  {key} ({_type_name(tp)}, {shown}){extra}: {f.metadata.get('doc', '')}")
     return "\n".join(lines)

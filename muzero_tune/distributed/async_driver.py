@@ -48,7 +48,7 @@ from muzero_tune.pipeline.core import (
     DriverCore,
     RunSummary,
     check_policy_env,
-    setup_torch_threads,
+    one_torch_thread,
     video_name,
 )
 from muzero_tune.pipeline.learner import resolve_device
@@ -486,6 +486,7 @@ class AsyncDriver:
             self.placement.remove()
 
 
+@one_torch_thread
 def train_muzero_segment_async(
     cfg: ExperimentConfig,
     *,
@@ -504,7 +505,6 @@ def train_muzero_segment_async(
 
     validate(cfg)
     check_policy_env(cfg)
-    setup_torch_threads()
     local = cfg.policy.async_pipeline.ray_local_mode
     if not local:
         ensure_ray(cfg)

@@ -3,7 +3,11 @@
 Joining checks first that the address answers (a TCP connect with a timeout): Ray 2.60's
 ``ray.init(address=)`` on an address where nothing listens retries for minutes, logging, instead of
 failing. An unreachable or unusable address is a :class:`ClusterError` (one line, naming the address).
-This module never stops a cluster it joined; ``ray.shutdown()`` only disconnects from one.
+This module never stops a cluster it joined; ``ray.shutdown()`` only disconnects from one. It leaves Ray's
+security as the user's Ray configures it: a local cluster it starts keeps Ray's default authentication
+(token auth on for local clusters since Ray 2.59), and joining a cluster that uses tokens takes the token
+from where Ray looks for it (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH``, or Ray's default token file).
+Usage statistics are off unless the environment turns them on (``RAY_USAGE_STATS_ENABLED``).
 """
 
 from __future__ import annotations
@@ -64,7 +68,6 @@ def join_cluster(address: str, *, connect_timeout_s: float = DEFAULT_CONNECT_TIM
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     check_reachable(address, timeout_s=connect_timeout_s)
     try:
         ray.init(address=address, log_to_driver=True)
@@ -88,7 +91,6 @@ def start_or_join(
         join_cluster(target, connect_timeout_s=connect_timeout_s)
         return
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     # address="local": a new local instance even when a `ray start` cluster runs on this machine (a bare
     # ray.init() would join that one and then refuse num_cpus)
     ray.init(

@@ -17,10 +17,11 @@ tick), so the batches, the RNG stream and every checkpoint are the same as build
 from __future__ import annotations
 
 import copy
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import numpy as np
 import torch
@@ -79,8 +80,26 @@ class RunSummary:
 def setup_torch_threads() -> None:
     """One torch thread per process: parallelism comes from processes (measured: 2 threads on 2 busy
     cores are many times slower). The learner's step may take more around its own ops
-    (``learn.num_threads``, :func:`~muzero_tune.pipeline.learner.intra_op_threads`)."""
+    (``learn.num_threads``, :func:`~muzero_tune.pipeline.learner.intra_op_threads`). For the library's own
+    processes (actors, learner workers); a call into the library from a user's program uses
+    :func:`one_torch_thread`, which gives the caller's setting back."""
     torch.set_num_threads(1)
+
+
+def one_torch_thread(fn: Callable[P, R]) -> Callable[P, R]:
+    """``fn`` run with torch on one intra-op thread (:func:`setup_torch_threads`), the caller's thread
+    count restored when it returns or raises: a program that embeds the library keeps its own setting."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        before = torch.get_num_threads()
+        setup_torch_threads()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            torch.set_num_threads(before)
+
+    return wrapper
 
 
 def make_spec(cfg: ExperimentConfig):
@@ -132,6 +151,8 @@ def make_policy(cfg: ExperimentConfig):
     return cls(cfg, spec), spec
 
 
+P = ParamSpec("P")
+R = TypeVar("R")
 MakeLearner = Callable[[ExperimentConfig, Any], Any]  # (cfg, policy) -> a Learner or a learner group
 
 

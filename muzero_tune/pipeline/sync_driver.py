@@ -18,7 +18,7 @@ from muzero_tune.pipeline.core import (
     MakeLearner,
     RunSummary,
     check_policy_env,
-    setup_torch_threads,
+    one_torch_thread,
     video_name,
 )
 from muzero_tune.pipeline.evaluator import Evaluator
@@ -26,6 +26,7 @@ from muzero_tune.runs.checkpoint import load_checkpoint
 from muzero_tune.runs.reporter import Reporter, default_reporter
 
 
+@one_torch_thread
 def train_muzero_segment(
     cfg: ExperimentConfig,
     *,
@@ -40,7 +41,6 @@ def train_muzero_segment(
     """
     validate(cfg)
     check_policy_env(cfg)
-    setup_torch_threads()
     reporter = reporter or default_reporter(cfg, resume_from=resume_from)
     try:
         core = DriverCore(cfg, reporter, make_learner=make_learner)

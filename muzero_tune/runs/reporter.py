@@ -10,6 +10,7 @@ Drivers do not know which host they run in.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import time
@@ -17,6 +18,10 @@ from collections.abc import Callable
 from typing import Protocol
 
 from muzero_tune.runs.checkpoint import FORMAT, save_checkpoint
+
+# progress and evaluation lines: INFO records of the "muzero_tune" logger (the CLI prints them to stdout; a
+# program that embeds the library shows them with its own logging configuration)
+log = logging.getLogger("muzero_tune")
 
 
 class Reporter(Protocol):
@@ -103,7 +108,7 @@ class StandaloneReporter:
 
     def _print(self, m: dict) -> None:
         if not self.quiet:
-            print(format_progress({**m, "reward_mean": self._last_reward}), file=sys.stdout, flush=True)
+            log.info(format_progress({**m, "reward_mean": self._last_reward}))
 
     def on_progress(self, metrics: dict) -> None:
         now = time.monotonic()
