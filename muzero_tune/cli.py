@@ -163,14 +163,31 @@ def build_parser(preset: str | None = None) -> argparse.ArgumentParser:
         "(repeatable)",
     )
 
-    sw = sub.add_parser("sweep", help="run a named Ray Tune search space over a preset (MLflow-logged)")
+    sw = sub.add_parser(
+        "sweep",
+        help="run a Ray Tune search over a preset: a named space and/or any keys given here (MLflow-logged)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n"
+        "  muzero-tune sweep --grid learn.learning_rate=1e-3,3e-3 --grid mcts.num_simulations=25,50\n"
+        "  muzero-tune sweep --loguniform learn.learning_rate=1e-4,1e-2 --choice learn.batch_size=64,128 "
+        "--samples 8 --scheduler asha\n"
+        "  muzero-tune sweep --space policy_lag_grid --grid seed=0,1   # a named space, and seeds on top",
+    )
     _config_args(sw)
     sw.add_argument(
         "--space",
-        default="quickstart",
-        help="search space name (search_spaces/): "
-        "quickstart, sync_vs_async, policy_lag_grid, policy_lag_optuna",
+        default=None,
+        help="search space name (search_spaces/): quickstart, sync_vs_async, policy_lag_grid, "
+        "policy_lag_optuna, blank (default: quickstart, or blank when keys are given below)",
     )
+    for kind, (meta, text) in {
+        "grid": ("KEY=V1,V2,...", "every value, a trial each (a product with the other grids)"),
+        "choice": ("KEY=V1,V2,...", "one value drawn per trial"),
+        "uniform": ("KEY=LOW,HIGH", "a number drawn uniformly per trial"),
+        "loguniform": ("KEY=LOW,HIGH", "a number drawn on a log scale per trial"),
+        "randint": ("KEY=LOW,HIGH", "an integer in [LOW, HIGH) per trial"),
+    }.items():
+        sw.add_argument(f"--{kind}", action="append", default=[], metavar=meta, help=f"{text} (repeatable)")
     sw.add_argument(
         "--samples", type=positive_int, default=None, help="num_samples (grids: repeats of the grid)"
     )
@@ -179,6 +196,11 @@ def build_parser(preset: str | None = None) -> argparse.ArgumentParser:
     )
     sw.add_argument("--max-concurrent", type=positive_int, default=None, help="trials at once")
     sw.add_argument("--name", default=None, help="experiment name (default: <space>_<preset>)")
+    sw.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a sweep of the same name (its folder and its MLflow runs) instead of refusing",
+    )
     sw.add_argument(
         "--num-cpus", type=positive_int, default=None, help="logical CPUs for a local Ray (default: enough)"
     )
@@ -363,11 +385,15 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
+    from muzero_tune.tune.flags import KINDS, param_space_from_flags
     from muzero_tune.tune.sweep import run_sweep
 
     _check_timeout(args)
+    flags = {kind: getattr(args, kind) for kind in KINDS}
+    extra = param_space_from_flags(flags)  # typed and checked before Ray starts
     res = run_sweep(
-        args.space,
+        args.space or ("blank" if extra else "quickstart"),
+        param_space_extra=extra,
         preset=args.preset or DEFAULT_PRESET,
         overrides=_sweep_overrides(args),
         samples=args.samples,
@@ -377,6 +403,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         num_cpus=args.num_cpus,
         address=args.address,
         connect_timeout_s=args.connect_timeout_s,
+        overwrite=args.overwrite,
     )
     return _print_sweep(res)
 

@@ -24,9 +24,8 @@ class SearchSpace:
     num_samples: int = 1  # grids multiply this by their size
     max_concurrent: int = 2
     search_alg: Callable[[int], Any] | None = None  # seed -> searcher (wrapped in a ConcurrencyLimiter)
-    asha: bool = False  # ASHA by default (the CLI's --scheduler overrides)
-    asha_max_t: int = 20  # evaluations
-    asha_grace_period: int = 2
+    asha: bool = False  # ASHA by default (the CLI's --scheduler overrides): over env steps, up to the budget
+    asha_grace_fraction: float = 0.1  # no trial stopped before this fraction of max_envstep
 
 
 # The publish schedule depends on the two lag keys only through the gap min(weight_sync_interval,
@@ -107,6 +106,12 @@ SPACES: dict[str, SearchSpace] = {
             "sync_vs_async",
             "A/B: sync vs async pipeline over seeds 0, 1, 2 (6 trials), no early stopping",
             _sync_vs_async((0, 1, 2)),
+            max_concurrent=2,
+        ),
+        SearchSpace(
+            "blank",
+            "nothing of its own: the keys --grid / --choice / --uniform / --loguniform / --randint sweep",
+            dict,
             max_concurrent=2,
         ),
         SearchSpace(

@@ -107,6 +107,26 @@ def run_url(experiment_id: str, run_id: str, *, ui_url: str = DEFAULT_UI_URL, ta
     return f"{base}{tail}?workflowType=machine_learning"
 
 
+def experiment_runs(tracking_uri: str, name: str) -> list[str]:
+    """The ids of the active (not deleted) runs of experiment ``name`` ([] when there is none)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    exp = client.get_experiment_by_name(name)
+    if exp is None or exp.lifecycle_stage != "active":
+        return []
+    return [r.info.run_id for r in client.search_runs([exp.experiment_id], max_results=50_000)]
+
+
+def delete_runs(tracking_uri: str, run_ids: list[str]) -> None:
+    """Mark runs deleted (MLflow's soft delete: searches and ``compare`` no longer see them)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    for run_id in run_ids:
+        client.delete_run(run_id)
+
+
 def ensure_experiment(
     tracking_uri: str,
     name: str,

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +28,7 @@ from muzero_tune.config import (
     validate,
 )
 from muzero_tune.distributed.cluster import DEFAULT_CONNECT_TIMEOUT_S
-from muzero_tune.errors import PathError
+from muzero_tune.errors import PathError, RunFolderError
 from muzero_tune.tune.resources import trial_bundles, trial_resources
 
 SWEEP_FILE = "muzero_tune_sweep.json"
@@ -129,6 +131,7 @@ def _tune_configs(
     scheduler: str | None,
     max_concurrent: int | None,
     seed: int,
+    envstep_budgets: list[Any],
 ):
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
@@ -141,10 +144,13 @@ def _tune_configs(
         search_alg = ConcurrencyLimiter(space.search_alg(seed), max_concurrent=concurrency)
     sched = None
     if use_asha:
+        # over env steps, the run's own budget: a trial is never stopped for reaching a fixed count of
+        # evaluations before its max_envstep (a sweep over max_envstep takes the largest value it can take)
+        budget = max(apply_overrides(cfg, {"max_envstep": v}).max_envstep for v in envstep_budgets)
         sched = ASHAScheduler(
-            time_attr="training_iteration",
-            max_t=space.asha_max_t,
-            grace_period=space.asha_grace_period,
+            time_attr="envstep",
+            max_t=budget,
+            grace_period=max(1, int(budget * space.asha_grace_fraction)),
             reduction_factor=2,
         )
     return tune.TuneConfig(
@@ -213,8 +219,13 @@ def run_sweep(
     param_space_extra: dict[str, Any] | None = None,
     address: str | None = None,
     connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+    overwrite: bool = False,
 ) -> SweepResult:
-    """Run a named sweep over a preset; everything is validated before Ray starts trials."""
+    """Run a named sweep over a preset; everything is validated before Ray starts trials.
+
+    Sweeps never mix: a name whose folder or MLflow experiment already holds a sweep is refused (resume it,
+    pick another name) unless ``overwrite``, which removes the folder and marks the experiment's runs
+    deleted first."""
     from search_spaces import get_space
 
     space = get_space(space_name)
@@ -230,24 +241,22 @@ def run_sweep(
     name = name or f"{space_name}_{preset}"
     storage = os.path.abspath(cfg.tune.storage_path)
     os.makedirs(storage, exist_ok=True)
+    tracking_uri = None
+    if cfg.tune.mlflow:
+        tracking_uri = cfg.tune.mlflow_tracking_uri or _default_tracking_uri(storage)
+    clear_old_sweep = _held_sweep(os.path.join(storage, name), name, tracking_uri, overwrite=overwrite)
     concurrency = max_concurrent or cfg.tune.max_concurrent_trials or space.max_concurrent
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "1")  # with sync_period: restores pick the newest state
     init_ray_for(cfg, concurrency, num_cpus, address=address, connect_timeout_s=connect_timeout_s)
     check_fits_cluster(cfg, param_space)
+    clear_old_sweep()  # --overwrite: only once everything else is known to be right
 
     from ray import tune
 
-    from muzero_tune.runs.mlflow_log import (
-        count_trials,
-        default_tracking_uri,
-        ensure_experiment,
-        sweep_description,
-    )
+    from muzero_tune.runs.mlflow_log import count_trials, ensure_experiment, sweep_description
     from muzero_tune.tune.trainable import make_trainable
 
-    tracking_uri = None
-    if cfg.tune.mlflow:
-        tracking_uri = cfg.tune.mlflow_tracking_uri or default_tracking_uri(storage)
+    if tracking_uri is not None:
         n_samples = samples or space.num_samples
         n_trials = n_samples if space.search_alg is not None else count_trials(param_space, n_samples)
         use_asha = space.asha if scheduler is None else scheduler == "asha"
@@ -285,12 +294,46 @@ def run_sweep(
         trainable,
         param_space=param_space,
         tune_config=_tune_configs(
-            cfg, space, samples=samples, scheduler=scheduler, max_concurrent=max_concurrent, seed=cfg.seed
-        ),
+            cfg, space, samples=samples, scheduler=scheduler, max_concurrent=max_concurrent, seed=cfg.seed,
+            envstep_budgets=_domain_values(param_space.get("max_envstep", cfg.max_envstep)),
+        ),  # fmt: skip
         run_config=_run_config(cfg, name, storage),
     )
     results = tuner.fit()
     return SweepResult(exp_path, results, tracking_uri, name)
+
+
+def _default_tracking_uri(storage: str) -> str:
+    from muzero_tune.runs.mlflow_log import default_tracking_uri
+
+    return default_tracking_uri(storage)
+
+
+def _held_sweep(exp_path: str, name: str, tracking_uri: str | None, *, overwrite: bool) -> Callable[[], None]:
+    """Refuse a name that holds a sweep already (its folder, or runs in its MLflow experiment), unless
+    ``overwrite``; returns what clears it then (the folder removed, the runs marked deleted, so ``compare``
+    sees only the new sweep's), to call once everything else has been checked."""
+    from muzero_tune.runs.mlflow_log import delete_runs, experiment_runs
+
+    held = os.path.isdir(exp_path) and bool(os.listdir(exp_path))
+    runs = experiment_runs(tracking_uri, name) if tracking_uri is not None else []
+    if (held or runs) and not overwrite:
+        what = " and ".join(
+            part for part, there in ((f"its folder {exp_path}", held), (f"{len(runs)} MLflow runs", runs))
+            if there
+        )  # fmt: skip
+        raise RunFolderError(
+            f"sweep {name!r} exists ({what}); continue it with `muzero-tune resume {exp_path}`, give this "
+            f"one another --name, or replace it with --overwrite"
+        )
+
+    def clear() -> None:
+        if held:
+            shutil.rmtree(exp_path)
+        if runs:
+            delete_runs(tracking_uri, runs)
+
+    return clear
 
 
 def resume_sweep(
