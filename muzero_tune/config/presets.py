@@ -394,6 +394,37 @@ PRESETS["minatar_breakout_muzero"] = {
     "stop_value": 2.0,
 }
 
+# Atari smoke runs (the spec scripts' --smoke): the whole pipeline in a minute or two on a CPU -- few
+# simulations, a small network and batch, a short run.
+ATARI_SMOKE = {
+    "max_envstep": 800,
+    "mcts.num_simulations": 8,
+    "learn.batch_size": 16,
+    "learn.replay_ratio": 0.05,
+    "learn.train_start_after_envsteps": 200,
+    "learn.min_replay_transitions": 64,
+    "env.collector_env_num": 4,
+    "env.evaluator_env_num": 1,
+    "eval.n_episodes": 1,
+    "eval.max_episode_steps": 200,
+    "eval.eval_freq": 20,
+    "model.num_channels": 32,
+    "model.value_support_size": 50,
+    "model.reward_support_size": 5,
+    "replay.capacity_transitions": 20_000,
+    "stop_value": None,
+    "policy.async_pipeline.actor_start_timeout_s": 300.0,
+}
+PRESETS["pong_muzero_smoke"] = {**PRESETS["pong_muzero"], **ATARI_SMOKE, "exp_name": "pong_muzero_smoke"}
+PRESETS["pong_unizero_smoke"] = {
+    **PRESETS["pong_unizero"],
+    **ATARI_SMOKE,
+    "exp_name": "pong_unizero_smoke",
+    "policy.world_model_embed_dim": 64,  # a CPU-sized transformer (the GPU preset's is 768)
+    "policy.world_model_heads": 2,
+    "replay.num_unroll_steps": 5,
+}
+
 # MiniGrid's empty 5 x 5 room (the minigrid extra): the agent's 7 x 7 view of symbolic cells (object, colour,
 # state; declared 0..255, holding 0..10). The shortest path returns 0.955; the goal 0.9 is reaching the goal
 # square within 11 steps. A random policy over the three moving actions reaches it in 75% of episodes.
