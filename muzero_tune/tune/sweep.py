@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from muzero_tune.config import (
 from muzero_tune.distributed.cluster import DEFAULT_CONNECT_TIMEOUT_S
 from muzero_tune.errors import PathError, RunFolderError
 from muzero_tune.tune.resources import trial_bundles, trial_resources
+from muzero_tune.tune.storage import Storage, default_tracking_uri_for, storage_of
 
 SWEEP_FILE = "muzero_tune_sweep.json"
 
@@ -239,12 +239,13 @@ def run_sweep(
     if scheduler not in (None, "asha", "none"):
         raise ConfigError("--scheduler", scheduler, "allowed: asha, none")
     name = name or f"{space_name}_{preset}"
-    storage = os.path.abspath(cfg.tune.storage_path)
-    os.makedirs(storage, exist_ok=True)
+    storage = storage_of(cfg.tune.storage_path)
     tracking_uri = None
     if cfg.tune.mlflow:
-        tracking_uri = cfg.tune.mlflow_tracking_uri or _default_tracking_uri(storage)
-    clear_old_sweep = _held_sweep(os.path.join(storage, name), name, tracking_uri, overwrite=overwrite)
+        tracking_uri = cfg.tune.mlflow_tracking_uri or default_tracking_uri_for(storage)
+    storage.makedirs(storage.uri)
+    exp_path = storage.join(name)
+    clear_old_sweep = _held_sweep(storage, exp_path, name, tracking_uri, overwrite=overwrite)
     concurrency = max_concurrent or cfg.tune.max_concurrent_trials or space.max_concurrent
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "1")  # with sync_period: restores pick the newest state
     init_ray_for(cfg, concurrency, num_cpus, address=address, connect_timeout_s=connect_timeout_s)
@@ -272,24 +273,13 @@ def run_sweep(
             "muzero_tune.trials": str(n_trials),
         }
         ensure_experiment(
-            tracking_uri, name, os.path.join(storage, "mlartifacts"), description=description, tags=tags
+            tracking_uri, name, storage.join("mlartifacts"), description=description, tags=tags
         )
     trainable = make_trainable(cfg, sweep_name=name, experiment_name=name, mlflow_uri=tracking_uri)
-    exp_path = os.path.join(storage, name)
-    os.makedirs(exp_path, exist_ok=True)
-    with open(os.path.join(exp_path, SWEEP_FILE), "w") as f:
-        json.dump(
-            {
-                "space": space_name,
-                "preset": preset,
-                "name": name,
-                "config": to_flat_dict(cfg),
-                "tracking_uri": tracking_uri,
-                "concurrency": concurrency,
-            },
-            f,
-            indent=1,
-        )
+    storage.makedirs(exp_path)
+    meta = {"space": space_name, "preset": preset, "name": name, "config": to_flat_dict(cfg),
+            "tracking_uri": tracking_uri, "concurrency": concurrency}  # fmt: skip
+    storage.write_text(storage.join(name, SWEEP_FILE), json.dumps(meta, indent=1))
     tuner = tune.Tuner(
         trainable,
         param_space=param_space,
@@ -297,25 +287,21 @@ def run_sweep(
             cfg, space, samples=samples, scheduler=scheduler, max_concurrent=max_concurrent, seed=cfg.seed,
             envstep_budgets=_domain_values(param_space.get("max_envstep", cfg.max_envstep)),
         ),  # fmt: skip
-        run_config=_run_config(cfg, name, storage),
+        run_config=_run_config(cfg, name, storage.uri),
     )
     results = tuner.fit()
     return SweepResult(exp_path, results, tracking_uri, name)
 
 
-def _default_tracking_uri(storage: str) -> str:
-    from muzero_tune.runs.mlflow_log import default_tracking_uri
-
-    return default_tracking_uri(storage)
-
-
-def _held_sweep(exp_path: str, name: str, tracking_uri: str | None, *, overwrite: bool) -> Callable[[], None]:
+def _held_sweep(
+    storage: Storage, exp_path: str, name: str, tracking_uri: str | None, *, overwrite: bool
+) -> Callable[[], None]:
     """Refuse a name that holds a sweep already (its folder, or runs in its MLflow experiment), unless
     ``overwrite``; returns what clears it then (the folder removed, the runs marked deleted, so ``compare``
     sees only the new sweep's), to call once everything else has been checked."""
     from muzero_tune.runs.mlflow_log import delete_runs, experiment_runs
 
-    held = os.path.isdir(exp_path) and bool(os.listdir(exp_path))
+    held = storage.holds_anything(exp_path)
     runs = experiment_runs(tracking_uri, name) if tracking_uri is not None else []
     if (held or runs) and not overwrite:
         what = " and ".join(
@@ -329,7 +315,7 @@ def _held_sweep(exp_path: str, name: str, tracking_uri: str | None, *, overwrite
 
     def clear() -> None:
         if held:
-            shutil.rmtree(exp_path)
+            storage.remove(exp_path)
         if runs:
             delete_runs(tracking_uri, runs)
 
@@ -348,17 +334,17 @@ def resume_sweep(
 
     from muzero_tune.tune.trainable import make_trainable
 
-    path = os.path.abspath(path)
-    meta_file = os.path.join(path, SWEEP_FILE)
-    if not os.path.isdir(path):
+    storage = storage_of(path, key="PATH")
+    path = storage.uri
+    if not storage.holds_anything(path):
         raise PathError(f"{path}: no such folder; expected a sweep folder <tune.storage_path>/<name>")
-    if not os.path.exists(meta_file):
+    text = storage.read_text(storage.join(SWEEP_FILE))
+    if text is None:
         raise PathError(
             f"{path}: not a muzero-tune sweep folder (no {SWEEP_FILE}); expected <tune.storage_path>/<name> "
             f"as printed by `muzero-tune sweep`"
         )
-    with open(meta_file) as f:
-        meta = json.load(f)
+    meta = json.loads(text)
     cfg = from_flat_dict(meta["config"])
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "1")
     init_ray_for(

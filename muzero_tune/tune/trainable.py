@@ -224,17 +224,18 @@ def make_trainable(
 
     from ray import tune
 
-    from muzero_tune.runs.mlflow_log import default_tracking_uri, ensure_experiment
+    from muzero_tune.runs.mlflow_log import ensure_experiment
+    from muzero_tune.tune.storage import default_tracking_uri_for, storage_of
 
-    storage = os.path.abspath(cfg.tune.storage_path)
+    storage = storage_of(cfg.tune.storage_path)
     if mlflow_uri == "default":
         mlflow_uri = (
-            (cfg.tune.mlflow_tracking_uri or default_tracking_uri(storage)) if cfg.tune.mlflow else None
+            (cfg.tune.mlflow_tracking_uri or default_tracking_uri_for(storage)) if cfg.tune.mlflow else None
         )
     if mlflow_uri is not None:
         # here, once: trials starting together would race to create the sqlite store and its experiment
-        os.makedirs(storage, exist_ok=True)
-        ensure_experiment(mlflow_uri, experiment_name or sweep_name, os.path.join(storage, "mlartifacts"))
+        storage.makedirs(storage.uri)
+        ensure_experiment(mlflow_uri, experiment_name or sweep_name, storage.join("mlartifacts"))
     base_flat = to_flat_dict(cfg)
     fn = partial(
         run_trial,
@@ -242,7 +243,7 @@ def make_trainable(
         sweep_name=sweep_name,
         mlflow_uri=mlflow_uri,
         experiment_name=experiment_name or sweep_name,
-        artifact_root=os.path.join(storage, "mlartifacts"),
+        artifact_root=storage.join("mlartifacts"),
         env_creators=creators_for(cfg.env.env_id),
     )
 
