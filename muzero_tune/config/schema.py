@@ -430,7 +430,10 @@ class TuneConfig:
     """Ray Tune sweeps: storage, checkpoints, failures and MLflow (used by ``muzero-tune sweep``)."""
 
     storage_path: str = param(
-        "runs/tune", "sweep results folder (made absolute); MLflow's sqlite store lives here"
+        "runs/tune",
+        "sweep results: a folder (made absolute; MLflow's default sqlite store lives there), file:///path, "
+        "or an object store URI pyarrow opens (s3://bucket/prefix, gs://...; tune.mlflow_tracking_uri then "
+        "names a server)",
     )
     save_replay_buffer: bool = param(False, "put the replay buffer in every checkpoint (large; exact resume)")
     checkpoint_num_to_keep: int | None = param(
