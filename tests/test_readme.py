@@ -55,7 +55,7 @@ def test_layout_section_matches_the_tree():
     have = {
         f + "/" if os.path.isdir(os.path.join(pkg, f)) else f
         for f in os.listdir(pkg)
-        if not f.startswith(("_", ".")) or f == "__init__.py"
+        if not f.startswith(("_", ".")) or f in ("__init__.py", "__main__.py")
     }
     assert {n for n in named} == have, named ^ have
     for entry in top - {"muzero_tune/"}:
@@ -77,3 +77,11 @@ def test_version_and_license():
         text = f.read()
     assert "Apache License" in text and "Version 2.0, January 2004" in text
     assert f"Version {muzero_tune.__version__}" in README
+
+
+def test_every_setting_has_a_row_in_the_configuration_table():
+    from muzero_tune.config import leaf_keys
+
+    with open(os.path.join(ROOT, "docs", "configuration.md")) as f:
+        table = f.read()
+    assert [key for key in leaf_keys() if f"| `{key}` |" not in table] == []
