@@ -110,14 +110,19 @@ class DriverProbe(list):
         return self[0]
 
     def actor_pings(self) -> list[dict]:
-        """The ping of every actor incarnation that came up (killed ones included: their reply is kept)."""
+        """The ping of every actor incarnation that came up (killed ones included: their reply is kept).
+
+        An incarnation that died before answering never ran a task and is left out; one that is alive and
+        does not answer within 10 s raises ``GetTimeoutError`` (a hung actor fails the checks built on this,
+        it does not drop out of them)."""
         import ray
+        from ray.exceptions import RayActorError
 
         out = []
         for ref in self.pings:
             try:
                 out.append(ray.get(ref, timeout=10))
-            except Exception:  # killed before it answered: it never ran a task
+            except RayActorError:  # died before it answered
                 pass
         return out
 

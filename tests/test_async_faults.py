@@ -9,6 +9,7 @@ import os
 import pytest
 import torch
 
+from muzero_tune.distributed.actors import CollectorWorker
 from muzero_tune.distributed.async_driver import ActorFailureError
 from muzero_tune.envs.faults import FaultSpec
 from muzero_tune.runs.checkpoint import FORMAT
@@ -134,3 +135,32 @@ def test_fault_on_every_incarnation_exhausts_max_actor_restarts(run_async, tmp_p
     incarnations = sorted(p["incarnation"] for p in run.probe.actor_pings() if p["actor_id"] == 0)
     assert incarnations == [0, 0, 1]  # collector 0 twice, evaluator 0 once
     _assert_cleaned_up(run, ray_cluster, alive_after)
+
+
+class _CorruptingCollector(CollectorWorker):
+    """A collector whose results change after their segment digest was taken (a bit flipped in transit)."""
+
+    def collect(self, snapshot_box, temperature):
+        res = super().collect(snapshot_box, temperature)
+        res.segments[0].rewards[0] += 1.0
+        return res
+
+
+def test_a_segment_changed_after_its_digest_is_counted_as_a_mismatch(tmp_path, async_small, monkeypatch):
+    """The positive control of the segment digests: every result of a collector that alters a reward after
+    digesting its segments is counted; the weights digests still match."""
+    from muzero_tune.config import make_config
+    from muzero_tune.distributed import actor_pool
+    from muzero_tune.distributed.async_driver import train_muzero_segment_async
+    from muzero_tune.runs.reporter import MemoryReporter
+
+    monkeypatch.setattr(actor_pool, "CollectorWorker", _CorruptingCollector)
+    cfg = make_config("cartpole_muzero", overrides={
+        **async_small, "max_envstep": 200, "logging.output_dir": str(tmp_path),
+        AP + "ray_local_mode": True, AP + "verify_segment_digests": True,
+    })  # fmt: skip
+    out: list = []
+    train_muzero_segment_async(cfg, reporter=MemoryReporter(), driver_out=out)
+    st = out[0].stats
+    assert st.results >= 2 and st.segment_digest_checks == st.results
+    assert st.segment_digest_mismatches == st.results and st.digest_mismatches == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 
 import pytest
@@ -155,8 +156,34 @@ def test_bad_input_fails_clearly_before_any_work(overrides, key, allowed):
     msg = str(err.value)
     assert key in msg and allowed in msg, msg
     assert err.value.key == key
-    # nothing heavy was started or even imported by validation
+    # nothing heavy was started or even imported by validation (in this process the other tests have
+    # imported them already: the fresh interpreter below is the check that can fail)
     assert not {m for m in set(sys.modules) - before if m.split(".")[0] in ("torch", "ray")}
+
+
+def test_validation_imports_neither_torch_nor_ray_in_a_fresh_interpreter():
+    """Every BAD case refused in a new Python process, which then holds no torch or ray module; and importing
+    torch there does show up (the check sees imports)."""
+    import subprocess
+
+    code = (
+        "import json, sys\n"
+        "from muzero_tune.config import ConfigError, make_config\n"
+        f"for overrides in json.loads({json.dumps(json.dumps([b[0] for b in BAD]))}):\n"
+        "    try:\n"
+        "        make_config('cartpole_muzero', overrides=overrides)\n"
+        "    except ConfigError:\n"
+        "        pass\n"
+        "    else:\n"
+        "        sys.exit(f'accepted {overrides}')\n"
+        "heavy = lambda: sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'ray'})\n"
+        "before = heavy()\n"
+        "import torch\n"
+        "print(json.dumps([before, heavy()]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [[], ["torch"]]
 
 
 def test_unknown_preset():

@@ -538,7 +538,10 @@ def test_the_learner_helper_thread_runs_torch_on_the_callers_thread_count():
             for _ in range(5):
                 torch.mm(a, b)
 
-        if (os.cpu_count() or 1) > 1:  # the defect this guards against shows where there is a second core
+        # the defect this guards against shows where a new thread's OpenMP team is larger than one: a second
+        # core, and no OMP_NUM_THREADS=1 (Ray sets it in its workers) making every team one thread
+        default_team = int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1)
+        if default_team > 1:
             # not on every new thread: OpenMP may hand one idle threads of an earlier team (2 of 20 here)
             assert any(_os_threads_started_by(ThreadPoolExecutor(max_workers=1), matmuls) for _ in range(5))
         assert _os_threads_started_by(torch_thread_pool("test-helper"), matmuls) == set()
