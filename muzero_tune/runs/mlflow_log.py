@@ -108,7 +108,10 @@ def run_url(experiment_id: str, run_id: str, *, ui_url: str = DEFAULT_UI_URL, ta
 
 
 def experiment_runs(tracking_uri: str, name: str) -> list[str]:
-    """The ids of the active (not deleted) runs of experiment ``name`` ([] when there is none)."""
+    """The ids of the active (not deleted) runs of experiment ``name`` ([] when there is none). An sqlite
+    store that does not exist yet is not created by asking."""
+    if tracking_uri.startswith("sqlite:///") and not os.path.exists(tracking_uri[len("sqlite:///") :]):
+        return []
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri)
