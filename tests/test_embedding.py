@@ -18,6 +18,17 @@ TINY = {
 
 
 @pytest.fixture
+def no_cli_handlers():
+    """The ``muzero_tune`` logger as a program finds it: without the handler ``muzero-tune`` adds (a CLI test
+    in this process may have added it)."""
+    logger = logging.getLogger("muzero_tune")
+    saved = logger.handlers[:]
+    logger.handlers.clear()
+    yield
+    logger.handlers[:] = saved
+
+
+@pytest.fixture
 def three_threads():
     before = torch.get_num_threads()
     torch.set_num_threads(3)
@@ -26,7 +37,7 @@ def three_threads():
 
 
 def test_train_and_evaluate_keep_the_callers_threads_and_log_instead_of_printing(
-    three_threads, tmp_path, capsys, caplog
+    three_threads, no_cli_handlers, tmp_path, capsys, caplog
 ):
     from muzero_tune.api import evaluate, train
 

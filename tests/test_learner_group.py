@@ -168,11 +168,14 @@ def _trains_with_two_learners(policy_type: str, asynchronous: bool) -> None:
     assert losses and all(np.isfinite(losses))
 
 
-@pytest.mark.parametrize("policy_type", list(POLICY_CLASSES))
+@pytest.mark.parametrize("policy_type", [
+    t if t in ("muzero", "unizero") else pytest.param(t, marks=pytest.mark.slow) for t in POLICY_CLASSES
+])  # fmt: skip
 def test_every_policy_type_trains_with_two_learners_async(policy_type, ray_cluster):
     """Each type's CartPole preset on the async pipeline with 2 learners: its loss runs under DDP (its
     extra state -- LSTM, chance codes, transformer caches, sampled actions -- on the learners' side) while
-    Ray actors collect and evaluate; the run trains and evaluates."""
+    Ray actors collect and evaluate; the run trains and evaluates (muzero and unizero in the default suite,
+    the other eight with ``-m slow``)."""
     _trains_with_two_learners(policy_type, asynchronous=True)
 
 

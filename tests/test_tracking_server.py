@@ -69,7 +69,7 @@ def test_a_sweep_logs_to_a_tracking_server_and_stores_at_a_file_uri(mlflow_serve
     }, param_space_extra={"seed": 0})  # fmt: skip
     (trial,) = list(res.results)
     assert trial.error is None and trial.metrics["eval_index"] >= 1
-    assert res.path == str(storage / "served")  # the URI's folder, not the URI made relative
+    assert res.experiment_path == str(storage / "served")  # the URI's folder, not the URI made relative
     with open(storage / "served" / SWEEP_FILE) as f:
         assert json.load(f)["tracking_uri"] == mlflow_server
     client = MlflowClient(mlflow_server)

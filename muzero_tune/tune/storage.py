@@ -42,6 +42,14 @@ class Storage:
         fs, inner = self._fs(path)
         fs.create_dir(inner, recursive=True)
 
+    def is_dir(self, path: str) -> bool:
+        if self.local is not None:
+            return os.path.isdir(path)
+        import pyarrow.fs
+
+        fs, inner = self._fs(path)
+        return fs.get_file_info(inner).type == pyarrow.fs.FileType.Directory
+
     def holds_anything(self, path: str) -> bool:
         """Whether the folder ``path`` exists and is not empty."""
         if self.local is not None:

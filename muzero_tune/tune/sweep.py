@@ -336,7 +336,7 @@ def resume_sweep(
 
     storage = storage_of(path, key="PATH")
     path = storage.uri
-    if not storage.holds_anything(path):
+    if not storage.is_dir(path):
         raise PathError(f"{path}: no such folder; expected a sweep folder <tune.storage_path>/<name>")
     text = storage.read_text(storage.join(SWEEP_FILE))
     if text is None:
