@@ -533,8 +533,6 @@ def _show_progress_lines() -> None:
         handler.setFormatter(logging.Formatter("%(message)s"))
         logger.addHandler(handler)
     logger.setLevel(logging.INFO)
-    # MLflow's schema migrations (alembic) announce themselves at INFO when a store is opened: not ours to say
-    logging.getLogger("alembic").setLevel(logging.WARNING)
 
 
 def main(argv: list[str] | None = None) -> int:
