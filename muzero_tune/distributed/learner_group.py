@@ -145,9 +145,9 @@ class LearnerWorker:
         )  # fmt: skip
         model = self.learner.model
         if cuda and any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules()):
-            # in place: the learner's model, optimizer and target network keep their parameter tensors
-            converted = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
-            assert converted is model or not isinstance(model, torch.nn.modules.batchnorm._BatchNorm)
+            # the model's BatchNorm children are replaced in place (the model is never a BatchNorm itself):
+            # the optimizer and the target network keep the same parameter tensors
+            torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
         ids = [self.learner.device.index or 0] if cuda else None
         # find_unused_parameters: a policy's loss may leave a head unused (an SSL projection at weight 0)
         self._ddp = torch.nn.parallel.DistributedDataParallel(
