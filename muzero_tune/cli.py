@@ -456,12 +456,12 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     import os
 
     from muzero_tune.config import ExperimentConfig
-    from muzero_tune.runs.mlflow_log import default_tracking_uri
+    from muzero_tune.runs.mlflow_log import default_tracking_uri, sqlite_store_missing
     from muzero_tune.tune.compare import compare
 
     storage = os.path.abspath(ExperimentConfig().tune.storage_path)
     uri = args.tracking_uri or default_tracking_uri(storage)
-    if uri.startswith("sqlite:///") and not os.path.exists(uri[len("sqlite:///") :]):
+    if sqlite_store_missing(uri):
         raise PathError(
             f"--tracking-uri {uri}: no MLflow store there (the file does not exist); run a sweep or a "
             f"`train --set logging.mlflow=true` first, or pass the store's URI"

@@ -107,10 +107,15 @@ def run_url(experiment_id: str, run_id: str, *, ui_url: str = DEFAULT_UI_URL, ta
     return f"{base}{tail}?workflowType=machine_learning"
 
 
+def sqlite_store_missing(tracking_uri: str) -> bool:
+    """Whether ``tracking_uri`` is an sqlite store whose file does not exist (opening it creates it)."""
+    return tracking_uri.startswith("sqlite:///") and not os.path.exists(tracking_uri[len("sqlite:///") :])
+
+
 def experiment_runs(tracking_uri: str, name: str) -> list[str]:
     """The ids of the active (not deleted) runs of experiment ``name`` ([] when there is none). An sqlite
     store that does not exist yet is not created by asking."""
-    if tracking_uri.startswith("sqlite:///") and not os.path.exists(tracking_uri[len("sqlite:///") :]):
+    if sqlite_store_missing(tracking_uri):
         return []
     from mlflow.tracking import MlflowClient
 
