@@ -29,11 +29,11 @@ import time
 import numpy as np
 import torch
 from bench_common import add_preset_args, filled_core, preset_overrides
+from proc_cpu import MachineCpu  # scripts/bench/, beside this script
 
 from muzero_tune.models.layout import place_model
 from muzero_tune.pipeline.core import setup_torch_threads
 from muzero_tune.pipeline.learner import intra_op_threads, make_optimizer
-from muzero_tune.pipeline.proc_cpu import MachineCpu
 
 
 def bare_step(model, optimizer, obs, actions, num_unroll: int, amp_dtype: torch.dtype | None = None) -> None:

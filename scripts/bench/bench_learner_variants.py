@@ -23,10 +23,10 @@ import os
 
 import numpy as np
 from bench_common import add_preset_args, filled_core, interleaved_train_steps, preset_overrides
+from proc_cpu import MachineCpu  # scripts/bench/, beside this script
 
 from muzero_tune.config import parse_set_args
 from muzero_tune.pipeline.core import setup_torch_threads
-from muzero_tune.pipeline.proc_cpu import MachineCpu
 
 
 def spin(stop) -> None:
