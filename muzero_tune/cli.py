@@ -306,7 +306,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
     _join_cluster_for(cfg, args)  # likewise: an unreachable cluster writes nothing
     same_run = found is not None and found.run_dir is not None and folder == found.run_dir
     reporter = default_reporter(
-        cfg, resume_eval_index=found.eval_index if same_run else None, overwrite=args.overwrite, folder=folder
+        cfg,
+        resume_eval_index=found.eval_index if same_run else None,
+        overwrite=args.overwrite,
+        folder=folder,
+        log_notes=False,
     )
     for msg in notes + reporter.notes:  # printed once the run folder is claimed: a refusal is one line
         _note(msg)
@@ -525,6 +529,25 @@ class _StdoutHandler(logging.StreamHandler):
         pass
 
 
+class _WarningsAndAbove(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING
+
+
+# Loggers whose INFO records announce MLflow's schema migrations each time an sqlite store is opened.
+_STORE_MIGRATION_LOGGERS = ("alembic.runtime.migration", "alembic.runtime.plugins")
+
+
+def _quiet_store_migrations() -> None:
+    """Keep MLflow's schema-migration INFO lines off stderr. A filter on the emitting loggers, because MLflow
+    configures the ``alembic`` logger's level and handlers when it is imported (after this runs) and resets
+    those of its children, but leaves the children's filters alone."""
+    for name in _STORE_MIGRATION_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _WarningsAndAbove) for f in logger.filters):
+            logger.addFilter(_WarningsAndAbove())
+
+
 def _show_progress_lines() -> None:
     """The library's INFO records (progress and evaluation lines) on stdout, once per process."""
     logger = logging.getLogger("muzero_tune")
@@ -541,6 +564,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser(_preset_in(argv)).parse_args(argv)
     _show_progress_lines()
+    _quiet_store_migrations()
     try:
         return {
             "train": _cmd_train,

@@ -40,6 +40,11 @@ class MissingExtraError(UserError):
     """An optional dependency is not installed; the message says which extra to install."""
 
 
+class DivergedError(UserError):
+    """Training diverged: a step's loss or priorities are not finite (the settings that size a step are
+    named, since those are what to change)."""
+
+
 class ConfigWarning(UserWarning):
     """A valid setting that has no effect or does not do what its name suggests (validation warns)."""
 

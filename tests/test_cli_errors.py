@@ -114,6 +114,20 @@ CASES = [
         "re-evaluated with eval.*, mcts.* keys only",
     ),
     ("eval_set_bad_value", ["eval", "{run}", "--set", "eval.unvisited_q=mean"], None, "allowed: parent, min"),
+    ("name_climbs_out", ["train", "--set", "exp_name=../../escaped_run"], None, "escaped_run' is invalid"),
+    ("name_absolute", ["train", "--set", "exp_name=/tmp/abs_run"], None, "must be one folder name"),
+    ("name_empty", ["train", "--set", "exp_name="], None, "'exp_name' = '' is invalid"),
+    ("lr_nan", ["train", "--set", "learn.learning_rate=nan"], None, "= nan is invalid: must be a finite"),
+    ("lr_inf", ["train", "--set", "learn.learning_rate=inf"], None, "= inf is invalid: must be a finite"),
+    ("discount_nan", ["train", "--set", "mcts.discount=nan"], None, "'mcts.discount' = nan"),
+    ("int_inf", ["train", "--set", "max_envstep=inf"], None, "= inf is invalid: expected an integer"),
+    ("output_dir_unusable", ["train", "--set", "logging.output_dir={dir}/plain_file/x"], None,
+     "'logging.output_dir'"),
+    ("tracking_uri_folder", ["train", "--set", "logging.mlflow_tracking_uri=mlruns"], None,
+     "expected an MLflow store URI"),
+    ("sweep_name_climbs_out", ["sweep", "--name", "../up"], None, "'--name' = '../up' is invalid"),
+    ("sweep_storage_unusable", ["sweep", "--set", "tune.storage_path={dir}/plain_file/x"], None,
+     "'tune.storage_path'"),
     ("sweep_zero_samples", ["sweep", "--samples", "0"], None, "--samples: expected an integer >= 1"),
     ("sweep_unknown_space", ["sweep", "--space", "quickstrat"], None, "quickstart"),
     (
@@ -147,6 +161,8 @@ def _prepare(d: str, run: str) -> None:
         f.write(data[: len(data) // 2])
     with open(os.path.join(d, "notes.txt"), "w") as f:
         f.write("my notes\n")
+    with open(os.path.join(d, "plain_file"), "w") as f:  # a file where a folder setting wants a folder
+        f.write("not a folder\n")
     torch.save({"weights": torch.zeros(2)}, os.path.join(d, "foreign.pt"))
     ckpt = torch.load(newest, weights_only=True)
     ckpt["format"] = "muzero_tune.checkpoint/2"

@@ -241,3 +241,61 @@ def test_standalone_runs_log_to_mlflow_by_env_steps_and_compare_reads_them(train
         "reward_vs_wall.png",
         "summary.csv",  # the summary table, also logged to the comparison experiment
     ]
+
+
+def _run_without_checkpoints(folder: str, pid: int) -> None:
+    """What a run killed before its first evaluation leaves: its run.json (with its process), config and an
+    empty metrics file, no checkpoint."""
+    import socket
+
+    os.makedirs(os.path.join(folder, "ckpt"))
+    with open(os.path.join(folder, "run.json"), "w") as f:
+        json.dump({"run_id": "dead", "host": socket.gethostname(), "pid": pid}, f)
+    for name in ("config.json", "metrics.jsonl"):
+        with open(os.path.join(folder, name), "w") as f:
+            f.write("{}\n" if name == "config.json" else "")
+
+
+def test_a_run_that_died_before_its_first_checkpoint_is_replaced_by_the_next_one(tmp_path):
+    from muzero_tune.runs.run_folder import claim_new, read_run_info
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    folder = str(tmp_path / "run")
+    _run_without_checkpoints(folder, dead.pid)
+    info, notes = claim_new(folder)
+    assert len(notes) == 1 and "stopped before its first checkpoint" in notes[0], notes
+    assert "run.json, config.json, metrics.jsonl" in notes[0]
+    assert read_run_info(folder)["run_id"] == info["run_id"] != "dead"
+    assert not os.path.exists(os.path.join(folder, "metrics.jsonl"))
+
+
+def test_a_run_still_running_without_a_checkpoint_keeps_its_folder(tmp_path):
+    from muzero_tune.errors import RunFolderError
+    from muzero_tune.runs.run_folder import claim_new
+
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        folder = str(tmp_path / "run")
+        _run_without_checkpoints(folder, alive.pid)
+        with pytest.raises(RunFolderError, match=f"still running \\(process {alive.pid}, 0 checkpoints\\)"):
+            claim_new(folder)
+        assert os.path.exists(os.path.join(folder, "metrics.jsonl"))  # untouched
+    finally:
+        alive.kill()
+        alive.wait()
+
+
+def test_train_again_after_a_kill_before_the_first_checkpoint_takes_the_folder_over(tmp_path):
+    """The command line, end to end: a run killed before its first checkpoint, then the same ``train``
+    again, which says what it replaced and never offers a resume."""
+    overrides = {**CLI_SMALL, "exp_name": "again", "logging.output_dir": str(tmp_path), "max_envstep": 200}
+    args = ["train", *set_args(overrides)]
+    folder = str(tmp_path / "again")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    _run_without_checkpoints(folder, dead.pid)
+    res = run_cli(args, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "stopped before its first checkpoint" in res.stderr and "--resume" not in res.stderr
+    assert eval_checkpoints(os.path.join(folder, "ckpt"))

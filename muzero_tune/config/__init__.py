@@ -48,9 +48,7 @@ from muzero_tune.config.schema import (
     param,
     resolved_async,
 )
-from muzero_tune.config.validation import (
-    validate,
-)
+from muzero_tune.config.validation import check_path_component, validate
 from muzero_tune.errors import ConfigError, ConfigWarning
 
 __all__ = [
@@ -72,6 +70,7 @@ __all__ = [
     "ReplayConfig",
     "TuneConfig",
     "apply_overrides",
+    "check_path_component",
     "current_key",
     "describe_fields",
     "flatten",

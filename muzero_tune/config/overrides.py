@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 import warnings
@@ -83,6 +84,15 @@ def _is_mapping_type(tp: Any) -> bool:
     return typing.get_origin(tp) is dict
 
 
+def _yaml_value(key: str, raw: str) -> Any:
+    """A command-line value read as YAML (numbers, lists, mappings); text YAML cannot read is refused."""
+    try:
+        return yaml.safe_load(raw)
+    except yaml.YAMLError as err:
+        problem = " ".join(str(getattr(err, "problem", None) or err).split())
+        raise ConfigError(key, raw, f"not a value YAML can read ({problem})") from None
+
+
 def _coerce(key: str, tp: Any, value: Any) -> Any:
     """Convert ``value`` (possibly a string from the CLI) to type ``tp`` or raise ConfigError."""
     origin = typing.get_origin(tp)
@@ -95,7 +105,7 @@ def _coerce(key: str, tp: Any, value: Any) -> Any:
         return _coerce(key, inner[0], value)
     if isinstance(value, str) and tp is not str:
         raw = value
-        value = yaml.safe_load(raw)
+        value = _yaml_value(key, raw)
         if isinstance(value, str) and tp in (int, float):
             try:  # YAML 1.1 reads "1e-3" as a string
                 value = float(raw)
@@ -117,7 +127,8 @@ def _coerce(key: str, tp: Any, value: Any) -> Any:
             return value
         raise ConfigError(key, value, "expected a bool (true/false)")
     if tp is int:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not number or not math.isfinite(value) or int(value) != value:
             raise ConfigError(key, value, "expected an integer")
         return int(value)
     if tp is float:
@@ -158,7 +169,7 @@ def _set(cfg: Any, path: list[str], value: Any, full_key: str) -> Any:
         return dataclasses.replace(cfg, **{head: _coerce(full_key, tp, value)})
     if _is_mapping_type(tp):  # env.kwargs.<name>=value sets one entry of the mapping
         entry = ".".join(path[1:])
-        value = yaml.safe_load(value) if isinstance(value, str) else value
+        value = _yaml_value(full_key, value) if isinstance(value, str) else value
         return dataclasses.replace(cfg, **{head: {**getattr(cfg, head), entry: value}})
     if not _is_section(tp):
         raise _unknown_key(full_key)

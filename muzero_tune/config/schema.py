@@ -20,10 +20,16 @@ def param(
     le: float | None = None,
     lt: float | None = None,
     choices: tuple | None = None,
+    path_component: bool = False,
+    text: bool = False,
     default_factory: Any = dataclasses.MISSING,
 ) -> Any:
-    """A dataclass field with its doc line and its allowed range (checked by :func:`validate`)."""
-    meta = {"doc": doc, "ge": ge, "gt": gt, "le": le, "lt": lt, "choices": choices}
+    """A dataclass field with its doc line and its allowed range (checked by :func:`validate`).
+
+    Every number must be finite. ``path_component``: the value names one folder or file (not empty, no
+    separator, not ``.`` or ``..``, no control characters). ``text``: not empty, no control characters."""
+    meta = {"doc": doc, "ge": ge, "gt": gt, "le": le, "lt": lt, "choices": choices,
+            "path_component": path_component, "text": text}  # fmt: skip
     if default_factory is not dataclasses.MISSING:
         return field(default_factory=default_factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -70,19 +76,23 @@ class ModelConfig:
         "network family: mlp (vector observations), conv (images) or auto (from the env's observations)",
         choices=("auto", "mlp", "conv"),
     )
-    latent_dim: int = param(64, "mlp: size of the hidden state", ge=1)
-    hidden_dim: int = param(128, "mlp: width of hidden layers", ge=1)
+    latent_dim: int = param(64, "mlp: size of the hidden state", ge=1, le=16_384)
+    hidden_dim: int = param(128, "mlp: width of hidden layers", ge=1, le=16_384)
     num_hidden_layers: int = param(1, "mlp: hidden layers per function", ge=1, le=16)
-    num_channels: int = param(64, "conv: channels of the hidden state", ge=1)
+    num_channels: int = param(64, "conv: channels of the hidden state", ge=1, le=2048)
     num_res_blocks: int = param(1, "conv: residual blocks per stage", ge=1, le=32)
     downsample: bool | None = param(
         None,
         "conv: downsample 64/96 px frames to a 4x4/6x6 hidden state; None: auto (frames of 32 px or more "
         "are downsampled, small grids keep their resolution)",
     )
-    value_support_size: int = param(300, "value is categorical over integer bins -S..S of h(value)", ge=1)
-    reward_support_size: int = param(300, "reward is categorical over integer bins -S..S of h(reward)", ge=1)
-    projection_dim: int = param(128, "width of the SSL projection head", ge=1)
+    value_support_size: int = param(
+        300, "value is categorical over integer bins -S..S of h(value)", ge=1, le=100_000
+    )
+    reward_support_size: int = param(
+        300, "reward is categorical over integer bins -S..S of h(reward)", ge=1, le=100_000
+    )
+    projection_dim: int = param(128, "width of the SSL projection head", ge=1, le=16_384)
     channels_last: bool = param(
         False, "conv: weights (so activations) in channels-last (NHWC) layout: learner, actors, checkpoints"
     )
@@ -136,7 +146,7 @@ class ReplayConfig:
     capacity_transitions: int = param(1_000_000, "real transitions kept; oldest segments are evicted", ge=1)
     game_segment_length: int = param(50, "real transitions per game segment", ge=1)
     num_unroll_steps: int = param(5, "K: dynamics steps unrolled per training sample", ge=1, le=64)
-    td_steps: int = param(10, "n of the n-step value target", ge=1)
+    td_steps: int = param(10, "n of the n-step value target", ge=1, le=10_000)
     off_policy_transitions_per_step: int = param(
         0,
         "EfficientZero's off-policy correction: a sample's n-step horizon is td_steps minus one per this "
@@ -145,7 +155,7 @@ class ReplayConfig:
     )
     td_steps_min: int = param(1, "the off-policy correction's shortest n-step horizon", ge=1)
     use_priority: bool = param(True, "prioritized replay (else uniform)")
-    priority_alpha: float = param(0.6, "PER exponent alpha", ge=0.0)
+    priority_alpha: float = param(0.6, "PER exponent alpha", ge=0.0, le=4.0)
     priority_beta: float = param(0.4, "PER importance-weight exponent beta", ge=0.0, le=1.0)
     use_max_priority_for_new_data: bool = param(
         True, "new transitions get the buffer's max priority (else |root value - predicted value|)"
@@ -161,6 +171,7 @@ class ReplayConfig:
         "buffer reanalyze calls per collect epoch (>=1: int(freq) calls spread over its train budget; "
         "<1: once every round(1/freq) epochs; 0: off)",
         ge=0.0,
+        le=1000.0,
     )
     reanalyze_batch_size: int = param(160, "segments positions re-searched per buffer reanalyze call", ge=1)
     reanalyze_partition: float = param(
@@ -172,9 +183,9 @@ class ReplayConfig:
 class LearnConfig:
     """The learner: losses, optimizer, schedule, target network and the train/collect ratio."""
 
-    batch_size: int = param(256, "samples per train step", ge=1)
+    batch_size: int = param(256, "samples per train step", ge=1, le=1_000_000)
     optimizer: str = param("adam", "optimizer", choices=("adam", "adamw", "sgd"))
-    learning_rate: float = param(3e-3, "initial learning rate", gt=0.0)
+    learning_rate: float = param(3e-3, "initial learning rate", gt=0.0, le=10.0)
     momentum: float = param(0.9, "sgd momentum", ge=0.0, lt=1.0)
     weight_decay: float = param(1e-4, "L2 weight decay", ge=0.0)
     lr_schedule: str = param(
@@ -232,6 +243,7 @@ class LearnConfig:
         "every process here; more only where those cores are the learner's alone -- beside busy actors it "
         "is slower",
         ge=1,
+        le=1024,
     )
     bootstrap_piece_rows: int = param(
         0,
@@ -277,7 +289,7 @@ class EvalConfig:
     """Evaluation: greedy search, no noise, on separate environments."""
 
     eval_freq: int = param(200, "evaluate every this many train steps", ge=1)
-    n_episodes: int = param(8, "episodes per evaluation", ge=1)
+    n_episodes: int = param(8, "episodes per evaluation", ge=1, le=100_000)
     max_episode_steps: int | None = param(None, "cap on steps per evaluation episode", ge=1)
     unvisited_q: str = param(
         "parent",
@@ -318,7 +330,7 @@ class AsyncPipelineConfig:
     collector_num_gpus: float = param(0.0, "Ray GPUs per collector actor (fractional allowed)", ge=0.0)
     evaluator_num_gpus: float = param(0.0, "Ray GPUs per evaluator actor (fractional allowed)", ge=0.0)
     buffer_stats_interval: int = param(100, "log buffer statistics every this many train_iter", ge=1)
-    poll_interval_s: float = param(0.1, "driver event-loop poll interval, seconds", gt=0.0)
+    poll_interval_s: float = param(0.1, "driver event-loop poll interval, seconds", gt=0.0, le=60.0)
     shutdown_timeout_s: float = param(30.0, "actor shutdown timeout at exit, seconds", gt=0.0)
     ray_local_mode: bool = param(False, "Ray local mode (debugging)")
     max_actor_restarts: int = param(
@@ -355,16 +367,19 @@ class PolicyConfig:
     lstm_horizon_len: int = param(
         5, "efficientzero: value-prefix LSTM state reset every this many steps", ge=1
     )
-    lstm_hidden_size: int = param(64, "efficientzero: value-prefix LSTM hidden size", ge=1)
+    lstm_hidden_size: int = param(64, "efficientzero: value-prefix LSTM hidden size", ge=1, le=16_384)
     # gumbel_muzero
     max_num_considered_actions: int = param(
-        16, "gumbel_muzero: actions sampled at the root (Gumbel-top-k) for sequential halving", ge=1
+        16,
+        "gumbel_muzero: actions sampled at the root (Gumbel-top-k) for sequential halving",
+        ge=1,
+        le=100_000,
     )
     gumbel_scale: float = param(1.0, "gumbel_muzero: scale of the root Gumbel noise when collecting", ge=0.0)
     gumbel_c_visit: float = param(50.0, "gumbel_muzero: c_visit of the completed-Q transform", gt=0.0)
     gumbel_c_scale: float = param(0.1, "gumbel_muzero: c_scale of the completed-Q transform", gt=0.0)
     # sampled_muzero, sampled_efficientzero
-    num_samples: int = param(20, "sampled_*: actions sampled at every search node (K)", ge=1)
+    num_samples: int = param(20, "sampled_*: actions sampled at every search node (K)", ge=1, le=4096)
     sampled_prior: str = param(
         "auto",
         "sampled_*: prior of the K sampled edges: uniform (1/K, the paper's rule for independent draws "
@@ -376,7 +391,9 @@ class PolicyConfig:
         5e-3, "sampled_* and unizero: weight of the policy entropy bonus in the policy loss", ge=0.0
     )
     # stochastic_muzero
-    chance_space_size: int = param(8, "stochastic_muzero: number of chance outcomes (codebook size)", ge=1)
+    chance_space_size: int = param(
+        8, "stochastic_muzero: number of chance outcomes (codebook size)", ge=1, le=4096
+    )
     afterstate_policy_loss_weight: float = param(
         1.0, "stochastic_muzero: afterstate (chance) policy loss", ge=0.0
     )
@@ -388,18 +405,24 @@ class PolicyConfig:
         "muzero_context / muzero_rnn_full_obs: re-encode / reset the carried state every this many steps",
         ge=1,
     )
-    rnn_hidden_size: int = param(64, "muzero_rnn_full_obs: GRU history state size", ge=1)
+    rnn_hidden_size: int = param(64, "muzero_rnn_full_obs: GRU history state size", ge=1, le=16_384)
     # unizero (sampled_unizero)
     world_model_layers: int = param(2, "unizero: transformer layers", ge=1, le=64)
-    world_model_heads: int = param(2, "unizero: attention heads (embed_dim / heads must be even)", ge=1)
+    world_model_heads: int = param(
+        2, "unizero: attention heads (embed_dim / heads must be even)", ge=1, le=256
+    )
     world_model_embed_dim: int = param(
-        64, "unizero: token size E (observation latents, action embeddings, transformer width)", ge=2
+        64,
+        "unizero: token size E (observation latents, action embeddings, transformer width)",
+        ge=2,
+        le=16_384,
     )
     context_tokens: int = param(
         8,
         "unizero: a root's context holds the env's last context_tokens // 2 observations and the actions "
         "between them (the search appends up to max(2K+1, context_tokens+1) tokens, then slides)",
         ge=2,
+        le=4096,
     )
     positional: str = param(
         "learned", "unizero: learned absolute positions or rope", choices=("learned", "rope")
@@ -434,6 +457,7 @@ class TuneConfig:
         "sweep results: a folder (made absolute; MLflow's default sqlite store lives there), file:///path, "
         "or an object store URI pyarrow opens (s3://bucket/prefix, gs://...; tune.mlflow_tracking_uri then "
         "names a server)",
+        text=True,
     )
     save_replay_buffer: bool = param(False, "put the replay buffer in every checkpoint (large; exact resume)")
     checkpoint_num_to_keep: int | None = param(
@@ -445,7 +469,9 @@ class TuneConfig:
     )
     mlflow: bool = param(True, "log every trial as an MLflow run")
     mlflow_tracking_uri: str | None = param(
-        None, "MLflow tracking URI (None: sqlite:///<storage_path>/mlflow.db)"
+        None,
+        "MLflow tracking URI: sqlite:///path/to/mlflow.db, http(s)://host:port (a server) or a database URI "
+        "(None: sqlite:///<storage_path>/mlflow.db)",
     )
     sync_period_s: float = param(
         1.0, "how often Tune syncs experiment state to storage (fresh restores)", gt=0.0
@@ -456,15 +482,17 @@ class TuneConfig:
 class LoggingConfig:
     """Where runs write and how often they print."""
 
-    output_dir: str = param("runs", "runs are written to <output_dir>/<exp_name>/")
+    output_dir: str = param("runs", "runs are written to <output_dir>/<exp_name>/", text=True)
     progress_interval_s: float = param(5.0, "seconds between progress lines (0: every loop)", ge=0.0)
     quiet: bool = param(False, "no progress lines")
     mlflow: bool = param(False, "standalone runs: log every evaluation to MLflow (metric step = env steps)")
     mlflow_tracking_uri: str | None = param(
-        None, "standalone MLflow tracking URI (None: sqlite:///<output_dir>/mlflow.db)"
+        None,
+        "standalone MLflow tracking URI: sqlite:///path/to/mlflow.db, http(s)://host:port or a database URI "
+        "(None: sqlite:///<output_dir>/mlflow.db)",
     )
     mlflow_experiment: str = param(
-        "standalone", "standalone MLflow experiment (compare its runs with muzero-tune compare)"
+        "standalone", "standalone MLflow experiment (compare its runs with muzero-tune compare)", text=True
     )
 
 
@@ -472,8 +500,12 @@ class LoggingConfig:
 class ExperimentConfig:
     """Everything one training run reads."""
 
-    exp_name: str = param("cartpole_muzero", "run name; outputs go under <logging.output_dir>/<exp_name>/")
-    seed: int = param(0, "seed of environments, search and learner", ge=0)
+    exp_name: str = param(
+        "cartpole_muzero",
+        "run name, one folder name; outputs go under <logging.output_dir>/<exp_name>/",
+        path_component=True,
+    )
+    seed: int = param(0, "seed of environments, search and learner", ge=0, le=2**31 - 1)
     max_envstep: int = param(100_000, "stop after this many env steps", ge=1)
     max_train_iter: int = param(1_000_000, "stop after this many train steps", ge=1)
     stop_value: float | None = param(195.0, "stop when eval reward_mean reaches this (None: never)")

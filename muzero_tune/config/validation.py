@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import os
 import warnings
 from typing import Any
 
@@ -17,12 +18,54 @@ from muzero_tune.errors import ConfigError, ConfigWarning
 # ---------------------------------------------------------------------------------------------- validation
 
 
+def _control_characters(text: str) -> bool:
+    return any(ord(c) < 32 or ord(c) == 127 for c in text)
+
+
+def check_path_component(key: str, value: str) -> None:
+    """Refuse a name that would not be exactly one folder or file name below its parent: empty, ``.`` or
+    ``..``, holding a path separator, or control characters (so nothing is written outside the folder the
+    name lives in)."""
+    seps = [s for s in (os.sep, os.altsep, "/") if s]
+    if not value or value in (".", "..") or any(s in value for s in seps) or _control_characters(value):
+        raise ConfigError(
+            key, value, "must be one folder name: not empty, not . or .., no '/' and no control characters"
+        )
+
+
+def check_text(key: str, value: str) -> None:
+    """A name or folder setting (``logging.output_dir``, an MLflow experiment): not empty, no control
+    characters."""
+    if not value or _control_characters(value):
+        raise ConfigError(key, value, "must not be empty or hold control characters")
+
+
+# MLflow stores this tool writes to: sqlite files, tracking servers and the databases MLflow's SQL store takes
+# (MLflow's file store is in maintenance mode and refuses new runs).
+TRACKING_SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks")
+
+
+def check_tracking_uri(key: str, value: str) -> None:
+    scheme, sep, rest = value.partition("://")
+    if not sep or scheme.split("+")[0] not in TRACKING_SCHEMES or not rest or _control_characters(value):
+        raise ConfigError(
+            key, value, "expected an MLflow store URI: sqlite:///path/to/mlflow.db, http(s)://host:port, or "
+            f"a database URI ({', '.join(TRACKING_SCHEMES[3:6])}); MLflow's folder store takes no new runs",
+        )  # fmt: skip
+
+
 def _check_field(key: str, value: Any, f: dataclasses.Field) -> None:
     m = f.metadata
     if value is None:
         return
+    if m.get("path_component"):
+        check_path_component(key, value)
+    if m.get("text"):
+        check_text(key, value)
     vals = value if isinstance(value, tuple) else (value,)
     for v in vals:
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ConfigError(key, value, "must be a finite number")
         if m.get("choices") is not None and v not in m["choices"]:
             close = difflib.get_close_matches(str(v), [str(c) for c in m["choices"]], n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
@@ -38,6 +81,13 @@ def _check_field(key: str, value: Any, f: dataclasses.Field) -> None:
                 raise ConfigError(key, value, f"must be < {m['lt']}")
 
 
+def _get(cfg: ExperimentConfig, key: str) -> Any:
+    obj: Any = cfg
+    for part in key.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
 def validate(cfg: ExperimentConfig, *, check_env: bool = True) -> ExperimentConfig:
     """Check every field's range and the cross-field rules; raise ConfigError before any work starts.
 
@@ -45,11 +95,11 @@ def validate(cfg: ExperimentConfig, *, check_env: bool = True) -> ExperimentConf
     Returns ``cfg`` so calls can be chained.
     """
     for key, _, f in iter_fields():
-        obj: Any = cfg
-        for part in key.split("."):
-            obj = getattr(obj, part)
-        _check_field(key, obj, f)
+        _check_field(key, _get(cfg, key), f)
 
+    for key in ("logging.mlflow_tracking_uri", "tune.mlflow_tracking_uri"):
+        if _get(cfg, key) is not None:
+            check_tracking_uri(key, _get(cfg, key))
     learn, replay, ap = cfg.learn, cfg.replay, cfg.policy.async_pipeline
     if learn.device not in ("cpu", "auto", "cuda") and not learn.device.startswith("cuda:"):
         raise ConfigError("learn.device", learn.device, "allowed: cpu, auto, cuda, cuda:<index>")

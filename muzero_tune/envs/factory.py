@@ -289,7 +289,8 @@ def parse_wrapper(spec: str) -> tuple[Callable[..., gym.Env], dict[str, Any]]:
     try:
         kwargs = yaml.safe_load(rest) if rest.strip() else {}
     except yaml.YAMLError as err:
-        raise UnsupportedEnvError(f"env.wrappers: {spec!r}: keyword arguments are not YAML ({err})") from None
+        why = " ".join(str(err).split())
+        raise UnsupportedEnvError(f"env.wrappers: {spec!r}: keyword arguments are not YAML ({why})") from None
     if not isinstance(kwargs, dict):
         raise UnsupportedEnvError(f"env.wrappers: {spec!r}: keyword arguments must be a mapping {{k: v}}")
     try:

@@ -30,7 +30,15 @@ from __future__ import annotations
 import numpy as np
 
 from muzero_tune.mcts import sampled_kernels as smk
-from muzero_tune.mcts.search import MuZeroSearch, Step, _check_shape, _stage, call_recurrent, fast
+from muzero_tune.mcts.search import (
+    MuZeroSearch,
+    Step,
+    _check_shape,
+    _stage,
+    call_recurrent,
+    check_finite_roots,
+    fast,
+)
 from muzero_tune.mcts.tree import TreeArrays
 
 SAMPLED_PRIORS = ("auto", "uniform", "density")
@@ -125,6 +133,7 @@ class SampledSearch(MuZeroSearch):
         _check_shape("root_policy_logits", root_policy_logits, (bsz, self.num_params))
         if root_value is None:
             raise ValueError("root_value [B] is required: the root's initial inference is its first visit")
+        check_finite_roots(root_policy_logits, root_value)
         t = self._tree
         t.ensure_capacity(batch_size=bsz, num_nodes=self._num_simulations + 1)
         if self.continuous:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from muzero_tune.errors import DivergedError
 from muzero_tune.mcts import kernels, puct
 from muzero_tune.mcts.tree import TreeArrays
 
@@ -398,6 +399,7 @@ class TreeSearch(Search):
             raise ValueError("every legal_mask row needs at least one legal action")
         if root_value is None:
             raise ValueError("root_value [B] is required: the root's initial inference is its first visit")
+        check_finite_roots(root_policy_logits, root_value)
         t = self._tree
         t.ensure_capacity(batch_size=bsz, num_nodes=self._num_simulations + 1)
         b = slice(0, bsz)
@@ -670,6 +672,16 @@ def _check_shape(name: str, array: np.ndarray, shape: tuple[int, ...]) -> None:
 def _check_latent(latent: torch.Tensor, shape: tuple[int, ...]) -> None:
     if tuple(latent.shape) != shape:
         raise ValueError(f"network latent shape {tuple(latent.shape)} does not match the root's {shape}")
+
+
+def check_finite_roots(root_policy_logits: np.ndarray, root_value) -> None:
+    """Refuse roots whose network outputs are not finite (weights a diverged training step wrote nan into):
+    the search's scores would all be nan and no action could be chosen."""
+    if not (np.isfinite(root_policy_logits).all() and np.isfinite(np.asarray(root_value)).all()):
+        raise DivergedError(
+            "the network's outputs at the search's roots are not finite: training diverged (a step's size "
+            "comes from learn.learning_rate, learn.weight_decay, learn.grad_clip_norm and the loss weights)"
+        )
 
 
 def _stage(name: str, dst: np.ndarray, src: np.ndarray) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 import random
 import time
 import warnings
@@ -34,9 +35,10 @@ import numpy as np
 import torch
 
 from muzero_tune.config import ConfigError, ConfigWarning, ExperimentConfig, LearnConfig
+from muzero_tune.errors import DivergedError
 from muzero_tune.models.layout import place_model
 from muzero_tune.pipeline.ssl_offload import SslOffload
-from muzero_tune.policies.base import Policy
+from muzero_tune.policies.base import LossOutput, Policy
 from muzero_tune.replay.targets import TrainBatch, resolve_bootstrap, start_bootstrap
 
 
@@ -338,7 +340,22 @@ class Learner:
         finally:
             if pending is not None:
                 pending.cancel()  # a no-op after a loss that took them all
+        self._check_finite(out)
         return StepInProgress(out=out, t0=t0)
+
+    def _check_finite(self, out: LossOutput) -> None:
+        """Stop at the first step whose loss or priorities are not finite: its backward would write nan into
+        every weight, and the priorities into the buffer."""
+        total = out.metrics.get("train/loss_total", 0.0)
+        if math.isfinite(total) and np.isfinite(out.priorities).all():
+            return
+        lc = self.cfg.learn
+        raise DivergedError(
+            f"training diverged at train_iter {self.train_iter}: the loss is {total} (priorities finite: "
+            f"{bool(np.isfinite(out.priorities).all())}); a step's size comes from "
+            f"learn.learning_rate={lc.learning_rate}, learn.weight_decay={lc.weight_decay}, "
+            f"learn.grad_clip_norm={lc.grad_clip_norm} and the loss weights: lower them"
+        )
 
     def finish_step(self, step: StepInProgress) -> LearnOutput:
         """The second half of :meth:`train_step`: backward, gradient clipping, optimizer and LR steps, the

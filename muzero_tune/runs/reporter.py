@@ -85,7 +85,7 @@ class StandaloneReporter:
         self.run_dir = run_dir
         self.ckpt_dir = os.path.join(run_dir, "ckpt")
         if resume_eval_index is None:
-            self.run_info, self.notes = run_folder.claim_new(run_dir, overwrite=overwrite), []
+            self.run_info, self.notes = run_folder.claim_new(run_dir, overwrite=overwrite)
         else:
             self.run_info, self.notes = run_folder.claim_resume(
                 run_dir, resume_eval_index, overwrite=overwrite
@@ -199,18 +199,22 @@ def default_reporter(
     resume_eval_index: int | None = None,
     overwrite: bool = False,
     folder: str | None = None,
+    log_notes: bool = True,
 ) -> StandaloneReporter:
     """The standalone reporter of ``cfg``'s run folder (``folder``, default ``<output_dir>/<exp_name>``).
 
     A new run refuses a folder holding another run unless ``overwrite``. Resuming from a checkpoint path
     inside that folder (or giving ``resume_eval_index``) continues the folder's run from that evaluation;
-    any other resume source starts a new run in the folder.
+    any other resume source starts a new run in the folder. ``log_notes``: log what claiming the folder did
+    (a replaced run, set-aside checkpoints) as warnings; the command line prints them itself.
     """
     from muzero_tune.config import to_flat_dict
     from muzero_tune.runs.checkpoint import find_checkpoint
     from muzero_tune.runs.mlflow_log import default_tracking_uri
+    from muzero_tune.runs.run_folder import make_writable_folder
 
     folder = folder or run_dir(cfg)
+    make_writable_folder("logging.output_dir", os.path.dirname(folder) or ".")
     if resume_eval_index is None and isinstance(resume_from, str):
         found = find_checkpoint(resume_from)
         if found.run_dir is not None and os.path.realpath(found.run_dir) == os.path.realpath(folder):
@@ -218,7 +222,10 @@ def default_reporter(
     mlflow_uri = None
     if cfg.logging.mlflow:
         mlflow_uri = cfg.logging.mlflow_tracking_uri or default_tracking_uri(cfg.logging.output_dir)
-    return StandaloneReporter(
+        if mlflow_uri.startswith("sqlite:///"):
+            key = "logging.mlflow_tracking_uri" if cfg.logging.mlflow_tracking_uri else "logging.output_dir"
+            make_writable_folder(key, os.path.dirname(os.path.abspath(mlflow_uri[len("sqlite:///") :])))
+    reporter = StandaloneReporter(
         folder,
         flat_config=to_flat_dict(cfg),
         progress_interval_s=cfg.logging.progress_interval_s,
@@ -228,3 +235,6 @@ def default_reporter(
         mlflow_uri=mlflow_uri,
         mlflow_experiment=cfg.logging.mlflow_experiment,
     )
+    for note in reporter.notes if log_notes else ():
+        log.warning(note)
+    return reporter

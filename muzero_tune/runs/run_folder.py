@@ -5,12 +5,14 @@ the run again), ``config.json``, ``metrics.jsonl`` (one row per evaluation) and 
 
 This module owns the rules that keep runs from mixing:
 
-- a new run never writes into a folder that holds another run (:func:`claim_new`), unless told to replace it;
+- a new run never writes into a folder that holds another run (:func:`claim_new`), unless told to replace it
+  or that run stopped before its first checkpoint (nothing to resume: the new run takes the folder over);
 - a resumed run continues its own folder (:func:`claim_resume`): checkpoints and metrics rows after the
   resumed evaluation belong to a future the resume replaces, so damaged ones are set aside
   (``*.pt.damaged``) and intact ones are only discarded when the user says so.
 
-It never touches files it does not know (anything besides the four above is left alone).
+:func:`make_writable_folder` probes a folder setting before any work starts. It never touches files it
+does not know (anything besides the four above is left alone).
 """
 
 from __future__ import annotations
@@ -18,9 +20,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
+import tempfile
 import uuid
 
-from muzero_tune.errors import CheckpointError, RunFolderError
+from muzero_tune.errors import CheckpointError, ConfigError, RunFolderError
 from muzero_tune.runs.checkpoint import _EVAL_FILE, _load_file, eval_checkpoints
 
 RUN_FILE = "run.json"
@@ -63,23 +67,71 @@ def read_run_info(folder: str) -> dict:
         return {}
 
 
-def claim_new(folder: str, *, overwrite: bool = False) -> dict:
-    """Make ``folder`` the home of a new run; returns its run info (``{"run_id": ...}``).
+def make_writable_folder(key: str, path: str) -> None:
+    """Create the folder ``path`` (and its parents) and write and remove a probe file in it, so a folder that
+    cannot hold a run's files is refused before any work starts: :class:`ConfigError` naming ``key``, the
+    folder and the OS error."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".write_probe_", dir=path)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        raise ConfigError(key, path, f"cannot write there ({err.strerror or err})") from None
 
-    Raises :class:`RunFolderError` if it holds another run and ``overwrite`` is False.
+
+def _owner() -> dict:
+    return {"host": socket.gethostname(), "pid": os.getpid()}
+
+
+def _still_running(info: dict) -> int | None:
+    """The process id of the run that wrote ``info`` if it still runs on this machine (else None)."""
+    pid = info.get("pid")
+    if info.get("host") != socket.gethostname() or not isinstance(pid, int) or pid == os.getpid():
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:  # alive, under another user
+        return pid
+    return pid
+
+
+def claim_new(folder: str, *, overwrite: bool = False) -> tuple[dict, list[str]]:
+    """Make ``folder`` the home of a new run; returns its run info (``{"run_id": ...}``) and notes.
+
+    A folder whose run stopped before its first checkpoint holds nothing to resume: it is taken over (a note
+    says so) unless that run still runs on this machine. Raises :class:`RunFolderError` if the folder holds
+    another run with checkpoints (or a running one) and ``overwrite`` is False.
     """
+    notes: list[str] = []
     if holds_run(folder):
-        if not overwrite:
+        n_ckpt = len(eval_checkpoints(os.path.join(folder, "ckpt")))
+        running = _still_running(read_run_info(folder))
+        if not overwrite and running is not None:
+            raise RunFolderError(
+                f"run folder {folder} holds a run that is still running (process {running}, "
+                f"{_describe(folder)}): let it finish or stop it, start a new run with "
+                f"`--set exp_name=NEW_NAME`, or replace it with `--overwrite`"
+            )
+        if not overwrite and n_ckpt > 0:
             raise RunFolderError(
                 f"run folder {folder} already holds a run ({_describe(folder)}): continue it with "
                 f"`muzero-tune train --resume {folder}`, start a new run with `--set exp_name=NEW_NAME`, "
                 f"or replace it with `--overwrite`"
             )
+        if not overwrite:
+            held = [f for f in RUN_FILES if os.path.exists(os.path.join(folder, f))]
+            notes.append(
+                f"replaced the run in {folder}: it stopped before its first checkpoint, so nothing could be "
+                f"resumed (removed {', '.join(held) or 'its empty ckpt/'})"
+            )
         _clear(folder)
     os.makedirs(os.path.join(folder, "ckpt"), exist_ok=True)
-    info = {"run_id": uuid.uuid4().hex}
+    info = {"run_id": uuid.uuid4().hex, **_owner()}
     _write_run_file(folder, info)
-    return info
+    return info, notes
 
 
 def _eval_index(path: str) -> int:
@@ -121,7 +173,7 @@ def claim_resume(folder: str, eval_index: int, *, overwrite: bool = False) -> tu
         if len(keep) != len(rows):
             with open(metrics, "w") as f:
                 f.writelines(keep)
-    info = read_run_info(folder) or {"run_id": uuid.uuid4().hex}
+    info = {**(read_run_info(folder) or {"run_id": uuid.uuid4().hex}), **_owner()}
     os.makedirs(os.path.join(folder, "ckpt"), exist_ok=True)
     _write_run_file(folder, info)
     return info, notes

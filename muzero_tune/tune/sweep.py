@@ -20,6 +20,7 @@ from muzero_tune.config import (
     ConfigWarning,
     ExperimentConfig,
     apply_overrides,
+    check_path_component,
     from_flat_dict,
     leaf_keys,
     make_config,
@@ -28,6 +29,7 @@ from muzero_tune.config import (
 )
 from muzero_tune.distributed.cluster import DEFAULT_CONNECT_TIMEOUT_S
 from muzero_tune.errors import PathError, RunFolderError
+from muzero_tune.runs.run_folder import make_writable_folder
 from muzero_tune.tune.resources import trial_bundles, trial_resources
 from muzero_tune.tune.storage import Storage, default_tracking_uri_for, storage_of
 
@@ -239,11 +241,18 @@ def run_sweep(
     if scheduler not in (None, "asha", "none"):
         raise ConfigError("--scheduler", scheduler, "allowed: asha, none")
     name = name or f"{space_name}_{preset}"
+    check_path_component("--name", name)  # the sweep's folder <tune.storage_path>/<name>
     storage = storage_of(cfg.tune.storage_path)
     tracking_uri = None
     if cfg.tune.mlflow:
         tracking_uri = cfg.tune.mlflow_tracking_uri or default_tracking_uri_for(storage)
-    storage.makedirs(storage.uri)
+    if storage.local is not None:
+        make_writable_folder("tune.storage_path", storage.local)
+    else:
+        storage.makedirs(storage.uri)
+    if tracking_uri is not None and tracking_uri.startswith("sqlite:///"):
+        key = "tune.mlflow_tracking_uri" if cfg.tune.mlflow_tracking_uri else "tune.storage_path"
+        make_writable_folder(key, os.path.dirname(os.path.abspath(tracking_uri[len("sqlite:///") :])))
     exp_path = storage.join(name)
     clear_old_sweep = _held_sweep(storage, exp_path, name, tracking_uri, overwrite=overwrite)
     concurrency = max_concurrent or cfg.tune.max_concurrent_trials or space.max_concurrent
