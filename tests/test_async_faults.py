@@ -122,6 +122,26 @@ def test_exhausted_restarts_stop_the_run_with_intact_checkpoints(run_async, tmp_
     _assert_cleaned_up(run, ray_cluster, alive_after)
 
 
+def test_a_collector_given_up_leaves_the_run_going_on_the_others(run_async, tmp_path, ray_cluster,
+                                                                  alive_after, caplog):
+    """Two collectors, no restarts allowed: collector 0 fails on every incarnation and is given up, and the
+    run reaches its budget on collector 1, reporting the reduced pool in its metrics and a warning."""
+    with caplog.at_level("WARNING", logger="muzero_tune"):
+        run = run_async(tmp_path, {AP + "num_collector_actors": 2, AP + "max_actor_restarts": 0},
+                        fault=FaultSpec("collector", (0,), 5, NEVER_ENDS, "raise"))
+    st = run.stats
+    assert run.summary.stop_reason == "max_envstep" and run.summary.train_iter > 0
+    assert st.collector_failures == 1 and st.collector_restarts == 0 and st.dropped_collects == 1
+    assert [s.state for s in run.driver.actors.collectors] == ["lost", "up"]
+    assert {r["actor_id"] for r in run.probe.collects} == {1}  # every pushed collect came from collector 1
+    assert run.summary.evals[-1]["pipeline/collectors_up"] == 1
+    assert run.summary.evals[-1]["pipeline/collectors_total"] == 2
+    warned = [r.getMessage() for r in caplog.records if "restarts are exhausted" in r.getMessage()]
+    assert len(warned) == 1 and "the run goes on with 1 of 2 collectors" in warned[0]
+    _assert_nothing_partial_was_pushed(run)
+    _assert_cleaned_up(run, ray_cluster, alive_after)
+
+
 def test_fault_on_every_incarnation_exhausts_max_actor_restarts(run_async, tmp_path, ray_cluster,
                                                                  alive_after):
     run = run_async(tmp_path, {AP + "max_actor_restarts": 1},

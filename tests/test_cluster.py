@@ -95,7 +95,7 @@ def test_losing_the_collectors_node_restarts_it_where_its_bundle_is_rescheduled(
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and len(probe.collects) < 2:
             time.sleep(0.05)
-        info = getattr(probe[0], "actor_info", None) if probe else None
+        info = probe[0].actors.actor_info if probe else None
         if info is None:
             return
         node = next(w for w in workers if w.node_id == info[0]["node_id"])
@@ -124,6 +124,55 @@ def test_losing_the_collectors_node_restarts_it_where_its_bundle_is_rescheduled(
     after = {p["node_id"] for p in probe.actor_pings() if p["kind"] == "collector" and p["incarnation"] == 1}
     assert len(after) == 1 and removed["node_id"] not in after  # the new collector lives on a live node
     assert set(st.collect_nodes) == {removed["node_id"], *after}
+    _check_exact_counters(driver, probe)
+
+
+@pytest.mark.slow  # about a minute on top of the cluster's start-up
+def test_a_collector_lost_with_no_room_left_leaves_the_run_going_on_the_other(three_nodes, tmp_path, caplog):
+    """Every CPU of the three nodes is taken (the driver, two collectors and an evaluator, SPREAD): a worker
+    holding a collector is removed, its bundle has nowhere to go, and the run reaches its budget on the
+    other collector, reporting the reduced pool."""
+    ray, cluster, workers = three_nodes["ray"], three_nodes["cluster"], three_nodes["workers"]
+    me = ray.get_runtime_context().get_node_id()
+    probe = DriverProbe()
+    removed: dict = {}
+
+    def remove_a_collectors_node() -> None:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and len(probe.collects) < 2:
+            time.sleep(0.05)
+        info = probe[0].actors.actor_info if probe else None
+        if info is None:
+            return
+        on_workers = [i for i in info[:2] if i["node_id"] != me]  # the collectors not on the head
+        node = next(w for w in workers if w.node_id == on_workers[0]["node_id"])
+        removed["node_id"] = node.node_id
+        cluster.remove_node(node, allow_graceful=False)
+        workers.remove(node)
+
+    killer = threading.Thread(target=remove_a_collectors_node, daemon=True)
+    killer.start()
+    try:
+        with caplog.at_level("WARNING", logger="muzero_tune"):
+            summary = _run(
+                tmp_path,
+                {AP + "placement_strategy": "SPREAD", AP + "num_collector_actors": 2, "max_envstep": 6000,
+                 AP + "actor_start_timeout_s": 5},
+                probe,
+                exp_name="no_room",
+            )  # fmt: skip
+    finally:
+        killer.join(timeout=300)
+        workers.append(cluster.add_node(num_cpus=WORKER_CPUS))  # three nodes again for the next test
+        cluster.wait_for_nodes()
+    driver, st = probe.driver, probe.driver.stats
+    assert removed and removed["node_id"] not in _nodes_alive(ray)
+    assert summary.stop_reason == "max_envstep" and summary.env_steps >= 6000
+    assert st.collector_failures == 1 and st.collector_restarts == 1 and st.evaluator_restarts == 0
+    assert sorted(s.state for s in driver.actors.collectors) == ["starting", "up"]  # still waited for
+    assert summary.evals[-1]["pipeline/collectors_up"] == 1
+    waiting = [r.getMessage() for r in caplog.records if "did not start again" in r.getMessage()]
+    assert len(waiting) == 1 and "the run goes on with 1 of 2 collectors" in waiting[0]
     _check_exact_counters(driver, probe)
 
 

@@ -16,6 +16,9 @@ import os
 import types
 import typing
 
+# MLflow binds its log handler to the sys.stderr of its import: imported here, before a test captures stderr
+# (a captured stream is closed after its test, and every later log line would fail on it)
+import mlflow  # noqa: F401
 import pytest
 
 from muzero_tune.cli import main

@@ -334,7 +334,10 @@ class AsyncPipelineConfig:
     shutdown_timeout_s: float = param(30.0, "actor shutdown timeout at exit, seconds", gt=0.0)
     ray_local_mode: bool = param(False, "Ray local mode (debugging)")
     max_actor_restarts: int = param(
-        3, "restarts allowed per actor slot before the run stops with an error", ge=0
+        3,
+        "restarts allowed per actor slot before the slot is given up (the run goes on with the others and "
+        "stops with an error when a kind has no actor left)",
+        ge=0,
     )
     actor_restart_delay_s: float = param(1.0, "wait before restarting a failed actor, seconds", ge=0.0)
     collect_timeout_s: float = param(
@@ -342,7 +345,10 @@ class AsyncPipelineConfig:
     )
     eval_timeout_s: float = param(1800.0, "an evaluation running longer is treated as hung, seconds", gt=0.0)
     actor_start_timeout_s: float = param(
-        120.0, "wait this long for the placement group and actors to start, seconds", gt=0.0
+        120.0,
+        "wait this long for the placement group and actors to start, seconds; a replacement actor not "
+        "started by then is waited for while the run goes on with the others",
+        gt=0.0,
     )
     placement_strategy: str = param(
         "PACK",

@@ -4,15 +4,22 @@ What this module owns
     :class:`ActorPool`: creating each slot's Ray actor in its placement-group bundle, waiting for the
     actors to answer their first ping (with ``actor_start_timeout_s``), evaluators that finish booting while
     training runs, replacing a failed or hung actor (``max_actor_restarts``, ``actor_restart_delay_s``; a
-    replacement that dies before answering is started again within the same deadline), and closing every
-    actor at shutdown (``shutdown_timeout_s``, then killed). It counts failures and restarts in the driver's
+    replacement that dies before answering is started again), and closing every actor at shutdown
+    (``shutdown_timeout_s``, then killed). It counts failures and restarts in the driver's
     :class:`~muzero_tune.distributed.async_driver.AsyncStats`.
+
+A pool degrades rather than dies: a replacement boots while the others work (it takes work once it answers),
+one that cannot be placed within ``actor_start_timeout_s`` (its node is gone and no other node has room for
+its bundle) is waited for while the run goes on with the slots that live, and is taken back the moment it
+starts; a slot whose restarts are exhausted is given up. The run stops only when a kind has no actor left:
+none up, and none starting within its deadline.
 
 It knows nothing of what the actors are asked to do: launches, results and their timeouts are the driver's.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,9 +28,12 @@ from typing import Any
 from muzero_tune.distributed.actors import CollectorWorker, EvaluatorWorker
 from muzero_tune.distributed.placement import ActorPlacement, describe_shortfall
 
+log = logging.getLogger("muzero_tune")
+
 
 class ActorFailureError(RuntimeError):
-    """An actor slot exhausted its restarts; the run stopped (its checkpoints are intact)."""
+    """A kind of actor has none left (restarts exhausted, or no room to start one again); the run stopped
+    (its checkpoints are intact)."""
 
 
 @dataclass
@@ -37,6 +47,14 @@ class ActorSlot:
     incarnation: int = 0
     restarts: int = 0
     busy_s: float = 0.0  # seconds of work handed to it so far (the driver adds each launch's)
+    # "up": takes work (an evaluator booting at start takes it queued behind its constructor); "starting": a
+    # replacement not answering yet; "lost": given up, its restarts exhausted
+    state: str = "up"
+    start_ping: Any = None  # the replacement's first ping (state "starting")
+    start_deadline: float = 0.0  # when a replacement not answering by then counts as waiting for room
+    waiting_reported: bool = False
+    last_start_error: str = ""
+    why: str = ""  # what the last restart replaced
 
 
 class ActorPool:
@@ -146,9 +164,14 @@ class ActorPool:
 
     # ------------------------------------------------------------------ health
 
+    def up(self, kind: str) -> list[ActorSlot]:
+        """The slots of ``kind`` ("collector" or "evaluator") that take work."""
+        return [s for s in (self.collectors if kind == "collector" else self.evaluators) if s.state == "up"]
+
     def restart(self, slot: ActorSlot, why: str) -> None:
-        """Replace a failed or hung actor and count it; raise :class:`ActorFailureError` once its restarts
-        are exhausted or its replacement does not start in time. Returns once the replacement answers."""
+        """Replace a failed or hung actor and count it. The replacement boots while the run goes on
+        (:meth:`take_restarted` hands it work once it answers); a slot whose restarts are exhausted is given
+        up. Raises :class:`ActorFailureError` when that leaves its kind with no actor."""
         st = self.stats
         st.restart_reasons.append(f"{slot.kind} {slot.index}: {why}")
         # an evaluator that failed while booting: its replacement's start is awaited below, not its ping
@@ -159,42 +182,96 @@ class ActorPool:
             st.evaluator_failures += 1
         self._kill(slot)
         if slot.restarts >= self.ap.max_actor_restarts:
-            raise ActorFailureError(
+            slot.state, slot.handle = "lost", None
+            what = (
                 f"{slot.kind} actor {slot.index} failed ({why}) and its restarts are exhausted "
-                f"({slot.restarts} of policy.async_pipeline.max_actor_restarts="
-                f"{self.ap.max_actor_restarts}); "
-                f"the run stopped at {self.where()}; its last checkpoint is intact"
+                f"({slot.restarts} of policy.async_pipeline.max_actor_restarts={self.ap.max_actor_restarts})"
             )
+            self._stop_if_none_left(slot.kind, what)
+            log.warning(f"{what}: the run goes on with {self._left(slot.kind)}")
+            return
         slot.restarts += 1
         slot.incarnation += 1
         if slot.kind == "collector":
             st.collector_restarts += 1
         else:
             st.evaluator_restarts += 1
-        # wait until it is up, as start does: a launch's timeout must not count the actor's start-up. A
-        # replacement can die before it answers when it was placed on a node that is dying too (its bundle
-        # is moved to a live node once Ray marks that node dead): start it again, as part of this restart.
-        deadline = time.monotonic() + self.ap.actor_start_timeout_s
-        last = ""
-        while True:
-            time.sleep(self.ap.actor_restart_delay_s)
-            self.spawn(slot)
-            ping = slot.handle.ping.remote()
-            ready, _ = self.ray.wait([ping], timeout=max(0.0, deadline - time.monotonic()))
-            if ready:
+        slot.start_deadline = time.monotonic() + self.ap.actor_restart_delay_s + self.ap.actor_start_timeout_s
+        slot.waiting_reported, slot.last_start_error = False, ""
+        self._respawn(slot, why)
+
+    def _respawn(self, slot: ActorSlot, why: str) -> None:
+        """Start the slot's actor again; it takes work once its first ping answers (its start-up is not
+        counted against any launch's timeout)."""
+        time.sleep(self.ap.actor_restart_delay_s)
+        self.spawn(slot)
+        slot.state, slot.start_ping = "starting", slot.handle.ping.remote()
+        slot.why = why
+
+    def take_restarted(self) -> list[ActorSlot]:
+        """The replacements that answered since the last call, now taking work. One that died before
+        answering (placed on a node that was dying too) is started again; one past its deadline is reported
+        once and still waited for. Raises :class:`ActorFailureError` when a kind has no actor left."""
+        starting = [s for s in self.slots if s.state == "starting"]
+        back: list[ActorSlot] = []
+        if starting:
+            ready, _ = self.ray.wait([s.start_ping for s in starting], num_returns=len(starting), timeout=0)
+            answered = set(ready)
+            for s in starting:
+                if s.start_ping not in answered:
+                    continue
                 try:
-                    self.ray.get(ready[0])
-                    return
+                    self.ray.get(s.start_ping)
                 except Exception as e:
-                    st.start_retries += 1
-                    last = f"; its last start failed: {type(e).__name__}"
-                    self._kill(slot)
-            if not ready or time.monotonic() >= deadline:
-                raise ActorFailureError(
-                    f"{slot.kind} actor {slot.index} was restarted ({why}) but did not start within "
+                    self.stats.start_retries += 1
+                    s.last_start_error = f"; its last start failed: {type(e).__name__}"
+                    self._kill(s)
+                    if time.monotonic() < s.start_deadline:
+                        self._respawn(s, s.why)
+                        continue
+                    s.state, s.handle = "lost", None  # it cannot start: given up
+                    what = f"{s.kind} actor {s.index} could not be started again{s.last_start_error}"
+                    self._stop_if_none_left(s.kind, what)
+                    log.warning(f"{what}: the run goes on with {self._left(s.kind)}")
+                    continue
+                s.state, s.start_ping = "up", None
+                if s.waiting_reported:
+                    log.warning(f"{s.kind} actor {s.index} started again: {self._left(s.kind)} take work")
+                back.append(s)
+        now = time.monotonic()
+        for s in self.slots:
+            if s.state == "starting" and now >= s.start_deadline:
+                self._stop_if_none_left(
+                    s.kind,
+                    f"{s.kind} actor {s.index} was restarted ({s.why}) but did not start within "
                     f"{self.ap.actor_start_timeout_s:g} s (policy.async_pipeline.actor_start_timeout_s)"
-                    f"{last}; its last checkpoint is intact"
+                    f"{s.last_start_error}",
                 )
+                if not s.waiting_reported:
+                    s.waiting_reported = True
+                    log.warning(
+                        f"{s.kind} actor {s.index} did not start again within "
+                        f"{self.ap.actor_start_timeout_s:g} s (no room for its bundle: "
+                        f"{self.describe_resources()}); the run goes on with {self._left(s.kind)} and takes "
+                        f"it back when it starts"
+                    )
+        return back
+
+    def _left(self, kind: str) -> str:
+        total = len(self.collectors if kind == "collector" else self.evaluators)
+        return f"{len(self.up(kind))} of {total} {kind}s"
+
+    def _stop_if_none_left(self, kind: str, what: str) -> None:
+        """Raise :class:`ActorFailureError` when ``kind`` has no actor up and none starting within its
+        deadline."""
+        now = time.monotonic()
+        slots = self.collectors if kind == "collector" else self.evaluators
+        if any(s.state == "up" or (s.state == "starting" and now < s.start_deadline) for s in slots):
+            return
+        raise ActorFailureError(
+            f"{what}; no {kind} actor is left, so the run stopped at {self.where()}; its last checkpoint is "
+            f"intact"
+        )
 
     def _kill(self, slot: ActorSlot) -> None:
         try:
@@ -206,7 +283,7 @@ class ActorPool:
 
     def shutdown(self) -> None:
         """Ask every actor to close, wait up to ``shutdown_timeout_s``, then kill them all."""
-        slots = [s for s in self.slots if s.handle is not None]
+        slots = [s for s in self.slots if s.handle is not None and s.state != "lost"]
         refs = []
         for s in slots:
             try:

@@ -200,6 +200,7 @@ class AsyncDriver:
         """Take the evaluators that finished booting (waiting up to ``timeout``) and start the clocks of the
         evaluations queued behind their constructors."""
         now = time.monotonic()
+        self.actors.take_restarted()
         for slot in self.actors.take_started(timeout):
             for launch in self.evals.values():
                 if launch.slot is slot:
@@ -220,7 +221,7 @@ class AsyncDriver:
         if not due:
             return
         busy = {launch.slot.index for launch in self.evals.values()}
-        free = [s for s in self.actors.evaluators if s.index not in busy]
+        free = [s for s in self.actors.up("evaluator") if s.index not in busy]
         if not free:
             return
         slot = free[self._rr_eval % len(free)]
@@ -249,11 +250,13 @@ class AsyncDriver:
         busy = {launch.slot.index for launch in self.collects.values()}
         collectors = self.actors.collectors
         n = len(collectors)
-        # start after the last collector launched, so a cap below the pool size still uses every actor
-        for slot in (collectors[(self._rr_collect + k) % n] for k in range(n)):
+        # start after the last collector launched, so a cap below the pool size still uses every actor; the
+        # order is fixed before the loop, which moves the start, so each collector is visited once
+        order = [collectors[(self._rr_collect + k) % n] for k in range(n)]
+        for slot in order:
             if len(self.collects) >= self.ap.max_collect_inflight:
                 return
-            if slot.index in busy:
+            if slot.index in busy or slot.state != "up":
                 continue
             self._rr_collect = slot.index + 1
             snap = self.weights.publish_if_due()
@@ -330,9 +333,10 @@ class AsyncDriver:
         """Handle the actors' finished work (waiting up to ``timeout`` for some), then hung launches and
         booting evaluators."""
         pending = list(self.collects) + list(self.evals)
-        if not pending:
+        if not pending:  # nothing launched (every actor may be starting again): take those that answered
             if timeout > 0:
                 time.sleep(timeout)
+            self.check_started()
             return
         ready, _ = self.ray.wait(pending, num_returns=len(pending), timeout=timeout)
         if not ready and timeout > 0:
@@ -415,6 +419,10 @@ class AsyncDriver:
             "pipeline/weights_digest_mismatches": st.digest_mismatches,
             "pipeline/segment_digest_mismatches": st.segment_digest_mismatches,
             "pipeline/collect_nodes": len(st.collect_nodes),
+            "pipeline/collectors_up": len(self.actors.up("collector")),
+            "pipeline/collectors_total": len(self.actors.collectors),
+            "pipeline/evaluators_up": len(self.actors.up("evaluator")),
+            "pipeline/evaluators_total": len(self.actors.evaluators),
         }
 
     # ------------------------------------------------------------------ main loop
@@ -471,6 +479,9 @@ class AsyncDriver:
             and self.core.counters.last_eval_iter != self.core.train_iter
         ):
             self.last_eval_launch = None
+            while not self.actors.up("evaluator"):  # a replacement booting: until it answers or none is left
+                self.check_started(self.ap.poll_interval_s)
+                time.sleep(self.ap.poll_interval_s)
             self.launch_eval(force=True)
             # its own timeout: a hung evaluation above (and its restart) may have used up the first one
             self._drain_evals()

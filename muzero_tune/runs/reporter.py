@@ -46,6 +46,10 @@ def format_progress(m: dict) -> str:
         parts.append(f"episodes={m.get('collect/episodes', 0)}")
     if m.get("reward_mean") is not None:
         parts.append(f"reward_mean={m['reward_mean']:.1f}")
+    for kind in ("collectors", "evaluators"):  # an async pool running short of actors says so
+        up, total = m.get(f"pipeline/{kind}_up"), m.get(f"pipeline/{kind}_total")
+        if up is not None and total is not None and up < total:
+            parts.append(f"{kind}_up={up}/{total}")
     return "[muzero-tune] " + " ".join(parts)
 
 
