@@ -46,6 +46,8 @@ TRACKING_SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "
 
 
 def check_tracking_uri(key: str, value: str) -> None:
+    """Refuse an MLflow tracking URI that names no store runs can be written to (a bare folder, an unknown
+    scheme)."""
     scheme, sep, rest = value.partition("://")
     if not sep or scheme.split("+")[0] not in TRACKING_SCHEMES or not rest or _control_characters(value):
         raise ConfigError(
