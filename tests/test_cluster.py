@@ -8,6 +8,7 @@ not assumed) and on exact counters; none on rewards or timings.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -84,38 +85,50 @@ def test_spread_puts_the_actors_on_other_nodes_and_data_crosses_them_unchanged(t
     _check_exact_counters(driver, probe)
 
 
-@pytest.mark.slow  # about 65 s on top of the cluster's start-up (2 loaded cores)
-def test_losing_the_collectors_node_restarts_it_where_its_bundle_is_rescheduled(three_nodes, tmp_path):
+@contextlib.contextmanager
+def _a_collectors_node_removed(three_nodes, probe, *, collectors: int):
+    """While the block runs: once the run has two collects, remove (not gracefully) the worker node of its
+    first collector that is not on the head, recording its node id in the yielded dict; afterwards, add a
+    worker back so the next test has three nodes again."""
     ray, cluster, workers = three_nodes["ray"], three_nodes["cluster"], three_nodes["workers"]
     me = ray.get_runtime_context().get_node_id()
-    probe = DriverProbe()
     removed: dict = {}
 
-    def remove_collector_node() -> None:
+    def remove() -> None:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and len(probe.collects) < 2:
             time.sleep(0.05)
         info = probe[0].actors.actor_info if probe else None
         if info is None:
             return
-        node = next(w for w in workers if w.node_id == info[0]["node_id"])
-        removed["node_id"], removed["at_collects"] = node.node_id, len(probe.collects)
+        off_head = [i for i in info[:collectors] if i["node_id"] != me]
+        node = next(w for w in workers if w.node_id == off_head[0]["node_id"])
+        removed["node_id"] = node.node_id
         cluster.remove_node(node, allow_graceful=False)
         workers.remove(node)
 
-    killer = threading.Thread(target=remove_collector_node, daemon=True)
+    killer = threading.Thread(target=remove, daemon=True)
     killer.start()
     try:
+        yield removed
+    finally:
+        killer.join(timeout=300)
+        workers.append(cluster.add_node(num_cpus=WORKER_CPUS))  # three nodes again for the next test
+        cluster.wait_for_nodes()
+
+
+@pytest.mark.slow  # about 65 s on top of the cluster's start-up (2 loaded cores)
+def test_losing_the_collectors_node_restarts_it_where_its_bundle_is_rescheduled(three_nodes, tmp_path):
+    ray = three_nodes["ray"]
+    me = ray.get_runtime_context().get_node_id()
+    probe = DriverProbe()
+    with _a_collectors_node_removed(three_nodes, probe, collectors=1) as removed:
         summary = _run(
             tmp_path,
             {AP + "placement_strategy": "SPREAD", "max_envstep": 600, AP + "actor_start_timeout_s": 120},
             probe,
             exp_name="node_lost",
         )
-    finally:
-        killer.join(timeout=300)
-        workers.append(cluster.add_node(num_cpus=WORKER_CPUS))  # three nodes again for the next test
-        cluster.wait_for_nodes()
     driver, st = probe.driver, probe.driver.stats
     assert removed and removed["node_id"] != me and removed["node_id"] not in _nodes_alive(ray)
     assert summary.stop_reason == "max_envstep" and summary.env_steps >= 600
@@ -132,27 +145,9 @@ def test_a_collector_lost_with_no_room_left_leaves_the_run_going_on_the_other(th
     """Every CPU of the three nodes is taken (the driver, two collectors and an evaluator, SPREAD): a worker
     holding a collector is removed, its bundle has nowhere to go, and the run reaches its budget on the
     other collector, reporting the reduced pool."""
-    ray, cluster, workers = three_nodes["ray"], three_nodes["cluster"], three_nodes["workers"]
-    me = ray.get_runtime_context().get_node_id()
+    ray = three_nodes["ray"]
     probe = DriverProbe()
-    removed: dict = {}
-
-    def remove_a_collectors_node() -> None:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and len(probe.collects) < 2:
-            time.sleep(0.05)
-        info = probe[0].actors.actor_info if probe else None
-        if info is None:
-            return
-        on_workers = [i for i in info[:2] if i["node_id"] != me]  # the collectors not on the head
-        node = next(w for w in workers if w.node_id == on_workers[0]["node_id"])
-        removed["node_id"] = node.node_id
-        cluster.remove_node(node, allow_graceful=False)
-        workers.remove(node)
-
-    killer = threading.Thread(target=remove_a_collectors_node, daemon=True)
-    killer.start()
-    try:
+    with _a_collectors_node_removed(three_nodes, probe, collectors=2) as removed:
         with caplog.at_level("WARNING", logger="muzero_tune"):
             summary = _run(
                 tmp_path,
@@ -161,10 +156,6 @@ def test_a_collector_lost_with_no_room_left_leaves_the_run_going_on_the_other(th
                 probe,
                 exp_name="no_room",
             )  # fmt: skip
-    finally:
-        killer.join(timeout=300)
-        workers.append(cluster.add_node(num_cpus=WORKER_CPUS))  # three nodes again for the next test
-        cluster.wait_for_nodes()
     driver, st = probe.driver, probe.driver.stats
     assert removed and removed["node_id"] not in _nodes_alive(ray)
     assert summary.stop_reason == "max_envstep" and summary.env_steps >= 6000
