@@ -107,9 +107,26 @@ def run_url(experiment_id: str, run_id: str, *, ui_url: str = DEFAULT_UI_URL, ta
     return f"{base}{tail}?workflowType=machine_learning"
 
 
+def sqlite_path(tracking_uri: str) -> str | None:
+    """The database file of an ``sqlite:///`` tracking URI (None for any other store)."""
+    prefix = "sqlite:///"
+    return tracking_uri[len(prefix) :] if tracking_uri.startswith(prefix) else None
+
+
+def make_store_folder_writable(key: str, tracking_uri: str) -> None:
+    """For an sqlite store: create its folder and probe it for writing before any work starts (a
+    ``ConfigError`` naming ``key``); other stores are left to MLflow."""
+    from muzero_tune.runs.run_folder import make_writable_folder
+
+    path = sqlite_path(tracking_uri)
+    if path is not None:
+        make_writable_folder(key, os.path.dirname(os.path.abspath(path)))
+
+
 def sqlite_store_missing(tracking_uri: str) -> bool:
     """Whether ``tracking_uri`` is an sqlite store whose file does not exist (opening it creates it)."""
-    return tracking_uri.startswith("sqlite:///") and not os.path.exists(tracking_uri[len("sqlite:///") :])
+    path = sqlite_path(tracking_uri)
+    return path is not None and not os.path.exists(path)
 
 
 def experiment_runs(tracking_uri: str, name: str) -> list[str]:

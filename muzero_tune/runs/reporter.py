@@ -214,7 +214,7 @@ def default_reporter(
     """
     from muzero_tune.config import to_flat_dict
     from muzero_tune.runs.checkpoint import find_checkpoint
-    from muzero_tune.runs.mlflow_log import default_tracking_uri
+    from muzero_tune.runs.mlflow_log import default_tracking_uri, make_store_folder_writable
     from muzero_tune.runs.run_folder import make_writable_folder
 
     folder = folder or run_dir(cfg)
@@ -226,9 +226,8 @@ def default_reporter(
     mlflow_uri = None
     if cfg.logging.mlflow:
         mlflow_uri = cfg.logging.mlflow_tracking_uri or default_tracking_uri(cfg.logging.output_dir)
-        if mlflow_uri.startswith("sqlite:///"):
-            key = "logging.mlflow_tracking_uri" if cfg.logging.mlflow_tracking_uri else "logging.output_dir"
-            make_writable_folder(key, os.path.dirname(os.path.abspath(mlflow_uri[len("sqlite:///") :])))
+        key = "logging.mlflow_tracking_uri" if cfg.logging.mlflow_tracking_uri else "logging.output_dir"
+        make_store_folder_writable(key, mlflow_uri)
     reporter = StandaloneReporter(
         folder,
         flat_config=to_flat_dict(cfg),

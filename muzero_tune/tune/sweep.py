@@ -29,6 +29,7 @@ from muzero_tune.config import (
 )
 from muzero_tune.distributed.cluster import DEFAULT_CONNECT_TIMEOUT_S
 from muzero_tune.errors import PathError, RunFolderError
+from muzero_tune.runs.mlflow_log import make_store_folder_writable
 from muzero_tune.runs.run_folder import make_writable_folder
 from muzero_tune.tune.resources import trial_bundles, trial_resources
 from muzero_tune.tune.storage import Storage, default_tracking_uri_for, storage_of
@@ -250,9 +251,9 @@ def run_sweep(
         make_writable_folder("tune.storage_path", storage.local)
     else:
         storage.makedirs(storage.uri)
-    if tracking_uri is not None and tracking_uri.startswith("sqlite:///"):
+    if tracking_uri is not None:
         key = "tune.mlflow_tracking_uri" if cfg.tune.mlflow_tracking_uri else "tune.storage_path"
-        make_writable_folder(key, os.path.dirname(os.path.abspath(tracking_uri[len("sqlite:///") :])))
+        make_store_folder_writable(key, tracking_uri)
     exp_path = storage.join(name)
     clear_old_sweep = _held_sweep(storage, exp_path, name, tracking_uri, overwrite=overwrite)
     concurrency = max_concurrent or cfg.tune.max_concurrent_trials or space.max_concurrent
