@@ -11,7 +11,6 @@ size a step, and keeps its folder.
 
 from __future__ import annotations
 
-import math
 import os
 import types
 import typing
@@ -79,13 +78,11 @@ def _cases():
         elem = typing.get_args(tp)[0] if typing.get_origin(tp) is tuple else tp
         ptype = _policy_type_of(f.metadata.get("doc", ""))
         if elem in (int, float):
+            # as typed on the command line ("nan" / "inf" are refused for an int as "expected an integer")
+            huge = HUGE_FLOAT if elem is float else HUGE_INT
+            values = {"nan": "nan", "inf": "inf", "negative": -1, "huge": huge}
             for kind in NUMERIC_VALUES:
-                if elem is int and kind in ("nan", "inf"):
-                    value = kind  # the command line's spelling: refused as "expected an integer"
-                else:
-                    value = {"nan": math.nan, "inf": math.inf, "negative": -1, "huge": HUGE_INT}[kind]
-                    value = float(HUGE_FLOAT) if (elem is float and kind == "huge") else value
-                cases.append(pytest.param(key, value, ptype, id=f"{key}={kind}"))
+                cases.append(pytest.param(key, values[kind], ptype, id=f"{key}={kind}"))
         elif elem is str and not f.metadata.get("choices"):
             for i, value in enumerate(PATH_VALUES):
                 cases.append(pytest.param(key, value, ptype, id=f"{key}=path{i}"))
