@@ -394,6 +394,28 @@ PRESETS["minatar_breakout_muzero"] = {
     "stop_value": 2.0,
 }
 
+# CarRacing-v3 (the box2d extra: 96 x 96 RGB pictures resized to 64 x 64 gray, 3 continuous actions; -0.1
+# per frame, +1000/N per track tile, 1000 frames an episode): the sampled type's conv Gaussian network on a
+# short budget, no goal (the return reached in the budget is the figure; uniform random actions score about -27).
+PRESETS["carracing_sampled_muzero"] = {
+    **PRESETS["pendulum_sampled_muzero"],
+    "exp_name": "carracing_sampled_muzero",
+    "env.env_id": "CarRacing-v3",
+    "env.frame_stack": 2,
+    "model.kind": "auto",
+    "model.num_channels": 16,
+    "model.num_res_blocks": 1,
+    "model.value_support_size": 50,
+    "model.reward_support_size": 10,
+    "mcts.num_simulations": 16,
+    "learn.batch_size": 64,
+    "replay.game_segment_length": 50,
+    "eval.eval_freq": 2_500,
+    "eval.n_episodes": 2,
+    "max_envstep": 10_000,
+    "stop_value": None,
+}
+
 # Atari smoke runs (the spec scripts' --smoke): the whole pipeline in a minute or two on a CPU -- few
 # simulations, a small network and batch, a short run.
 ATARI_SMOKE = {
