@@ -125,13 +125,6 @@ def _loss_batch(model, *, b: int = 3, k: int = 2) -> TrainBatch:
     )
 
 
-def _swapped(t: oracle.Targets) -> oracle.Targets:
-    """Value targets on the reward head and reward targets on the value head (the first K steps)."""
-    value, reward = t.value.copy(), t.value[:, :-1].copy()
-    value[:, :-1] = t.reward
-    return oracle.Targets(value=value, reward=reward, policy=t.policy, latent=t.latent, sampled=t.sampled)
-
-
 def test_hand_computed_loss():
     """Live heads (random last layers: every token predicts its own distributions) against targets that differ
     per step. The per-sample loss, its IS-weighted mean, each term's batch mean and the priorities equal the
@@ -165,7 +158,7 @@ def test_hand_computed_loss():
     # (measured: 0.71 value, 1.6 reward, 0.80 policy, 5.0 latent, 1.6 swapped, 3.0 mask ignored; the two agree
     # to 2e-6)
     controls = [oracle.shifted(targets, **{term: True}) for term in ("value", "reward", "policy", "latent")]
-    for moved in [*controls, _swapped(targets)]:
+    for moved in [*controls, oracle.swapped(targets)]:
         wrong = oracle.per_sample_loss(policy, model, raw, moved, batch)
         assert np.abs(wrong["total"] - got).max() > 0.25
     ones = dataclasses.replace(batch, value_mask=np.ones_like(batch.value_mask))  # masked steps counted

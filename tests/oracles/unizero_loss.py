@@ -40,15 +40,17 @@ class Targets:
     sampled: np.ndarray | None = None  # [B, K+1, slots(, D)] the actions of the slots (sampled types)
 
 
-def randomize_heads(model, seed: int, scale: float = 1.0) -> None:
-    """Random last layers for the value, policy, reward and next-latent heads (value and reward start at zero,
-    the Gaussian head near N(0, 1)): every token then predicts a distribution of its own."""
+def randomize_heads(model, seed: int, scale: float = 1.0, policy_scale: float | None = None) -> None:
+    """Random last layers (N(0, scale^2) weights and biases; ``policy_scale`` for the policy head, default
+    ``scale``) for the value, policy, reward and next-latent heads (value and reward start at zero, the
+    Gaussian head near N(0, 1)): every token then predicts a distribution of its own."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for head in (model.value_head, model.policy_head, model.reward_head, model.latent_head):
             layer = head[-1]
-            layer.weight.copy_(scale * torch.randn(layer.weight.shape, generator=g))
-            layer.bias.copy_(scale * torch.randn(layer.bias.shape, generator=g))
+            sd = policy_scale if head is model.policy_head and policy_scale is not None else scale
+            layer.weight.copy_(sd * torch.randn(layer.weight.shape, generator=g))
+            layer.bias.copy_(sd * torch.randn(layer.bias.shape, generator=g))
 
 
 def raw_outputs(model, obs: np.ndarray, actions: np.ndarray) -> RawOutputs:
@@ -182,3 +184,11 @@ def shifted(targets: Targets, **which: bool) -> Targets:
         if on:
             fields[name] = np.roll(fields[name], 1, axis=1)
     return Targets(**fields)
+
+
+def swapped(targets: Targets) -> Targets:
+    """Value targets on the reward head and reward targets on the value head (the first K steps)."""
+    value, reward = targets.value.copy(), targets.value[:, :-1].copy()
+    value[:, :-1] = targets.reward
+    return Targets(value=value, reward=reward, policy=targets.policy, latent=targets.latent,
+                   sampled=targets.sampled)
