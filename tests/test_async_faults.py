@@ -6,81 +6,19 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
 import pytest
 import torch
 
 from muzero_tune.distributed.actors import COLLECTOR_SEED_STRIDE, CollectorWorker
 from muzero_tune.distributed.async_driver import ActorFailureError
 from muzero_tune.envs.faults import FaultSpec
-from muzero_tune.pipeline.collector import SegmentCollector, env_factory
+from muzero_tune.pipeline.collector import SegmentCollector
 from muzero_tune.pipeline.core import make_policy
 from muzero_tune.runs.checkpoint import FORMAT
+from tests.oracles.replay_streams import partial_collects
 
 AP = "policy.async_pipeline."
 NEVER_ENDS = 10**9
-
-
-def _first_obs(cfg, incarnations: int) -> dict[tuple[int, int, int], np.ndarray]:
-    """(actor id, incarnation, env index) -> the first observation of that collector env, which its seed fixes
-    (seeded as :class:`CollectorWorker` seeds it), for every actor and ``incarnations`` incarnations."""
-    make = env_factory(cfg)
-    out = {}
-    for actor in range(cfg.policy.async_pipeline.num_collector_actors):
-        for inc in range(incarnations):
-            for i in range(cfg.env.collector_env_num):
-                env = make(cfg.seed + COLLECTOR_SEED_STRIDE * actor + 100 * inc + i)
-                out[(actor, inc, i)] = np.asarray(env.reset()[0])
-                env.close()
-    return out
-
-
-def _partial_pushes(cfg, segments, env_steps: int, *, incarnations: int,
-                    dropped=frozenset()) -> tuple[list[str], dict]:  # fmt: skip
-    """What the buffer's ``segments`` (in push order) show of collects that were not pushed whole.
-
-    Each stream (one env of one collector incarnation) is told by its first observation (``_first_obs``). A
-    stream must start at its episode 0, step 0 and go on without a gap or a repeat (an episode's segments
-    back to back, the next episode after a ``done`` one); no stream may come from an incarnation in
-    ``dropped`` (actor id, incarnation) whose first collect was dropped. The envs of one incarnation step
-    together and a segment leaves a stream once it holds ``game_segment_length + pad`` steps, so each
-    stream's real transitions lie within that many steps of the incarnation's env steps T; and the run's
-    ``env_steps`` is the sum over incarnations of num_envs x T. Returns the problems found and
-    {(actor, incarnation): [real transitions per env]}."""
-    rc, n_envs = cfg.replay, cfg.env.collector_env_num
-    full = rc.game_segment_length + rc.num_unroll_steps + rc.td_steps
-    origins = _first_obs(cfg, incarnations)
-    problems, streams, steps = [], {}, {}
-    for seg in segments:
-        streams.setdefault(seg.stream_id, []).append(seg)
-    for sid, segs in streams.items():
-        first = segs[0]
-        if (first.episode_index, first.episode_step0) != (0, 0):
-            problems.append(f"stream {sid} starts at {first.episode_index}/{first.episode_step0}")
-            continue
-        obs = first.stacked_obs(np.array([0]))[0, -1]
-        who = [o for o, x in origins.items() if np.array_equal(x, obs)]
-        if len(who) != 1:
-            problems.append(f"stream {sid}: its first observation is no collector env's ({len(who)} match)")
-            continue
-        actor, inc, env = who[0]
-        if (actor, inc) in dropped:
-            problems.append(f"stream {sid} of collector {actor} incarnation {inc}, whose collect was dropped")
-        for prev, seg in zip(segs, segs[1:]):
-            nxt = (prev.episode_index + 1, 0) if prev.done else (prev.episode_index,
-                                                                  prev.episode_step0 + prev.num_real)
-            if (seg.episode_index, seg.episode_step0) != nxt:
-                at, was = (seg.episode_index, seg.episode_step0), (prev.episode_index, prev.episode_step0)
-                problems.append(f"stream {sid}: episode/step {at} after {was} + {prev.num_real}")
-        steps.setdefault((actor, inc), [0] * n_envs)[env] = sum(s.num_real for s in segs)
-    for key, per_env in steps.items():
-        if max(per_env) - min(per_env) >= full:
-            problems.append(f"collector {key[0]} incarnation {key[1]}: its envs hold {per_env} transitions")
-    lo = sum(n_envs * max(v) for v in steps.values())
-    hi = sum(n_envs * (min(v) + full - 1) for v in steps.values())
-    if not lo <= env_steps <= hi:
-        problems.append(f"{env_steps} env steps counted, the buffer's streams say {lo}..{hi}")
-    return problems, steps
 
 
 def _assert_nothing_partial_was_pushed(run, *, dropped=frozenset()) -> dict:
@@ -89,7 +27,7 @@ def _assert_nothing_partial_was_pushed(run, *, dropped=frozenset()) -> dict:
     buf = run.driver.core.buffer
     assert buf.base_idx == 0  # nothing evicted: the buffer holds everything pushed
     assert buf.num_transitions == sum(s.num_real for s in buf.segments) == buf.pushed_transitions > 0
-    problems, steps = _partial_pushes(run.cfg, buf.segments, run.driver.core.counters.env_steps,
+    problems, steps = partial_collects(run.cfg, buf.segments, run.driver.core.counters.env_steps,
                                       incarnations=run.stats.collector_restarts + 1, dropped=dropped)
     assert problems == []
     assert run.stats.digest_mismatches == 0
@@ -136,15 +74,15 @@ def _partial_pushes_are_caught(run, failed: int) -> None:
     seed = cfg.seed + COLLECTOR_SEED_STRIDE * failed  # incarnation 0's
     collector = SegmentCollector(cfg, policy, spec, seed=seed, actor_id=failed)
     part = collector.collect(policy.build_model().eval(), temperature=1.0).segments[:2]
-    problems, _ = _partial_pushes(cfg, segments + list(part), env_steps, incarnations=inc,
+    problems, _ = partial_collects(cfg, segments + list(part), env_steps, incarnations=inc,
                                   dropped={(failed, 0)})  # fmt: skip
     for sid in {s.stream_id for s in part}:
         assert f"stream {sid} of collector {failed} incarnation 0, whose collect was dropped" in problems
     stream = max({s.stream_id for s in segments}, key=lambda sid: sum(s.stream_id == sid for s in segments))
     gap = [i for i, s in enumerate(segments) if s.stream_id == stream][1]
-    problems, _ = _partial_pushes(cfg, segments[:gap] + segments[gap + 1:], env_steps, incarnations=inc)
+    problems, _ = partial_collects(cfg, segments[:gap] + segments[gap + 1:], env_steps, incarnations=inc)
     assert any(f"stream {stream}: episode/step" in p for p in problems)
-    problems, _ = _partial_pushes(cfg, segments + [segments[gap]], env_steps, incarnations=inc)
+    problems, _ = partial_collects(cfg, segments + [segments[gap]], env_steps, incarnations=inc)
     assert any(f"stream {stream}: episode/step" in p for p in problems)
 
 
