@@ -113,15 +113,16 @@ class DriverProbe(list):
         """The ping of every actor incarnation that came up (killed ones included: their reply is kept).
 
         An incarnation that died before answering never ran a task and is left out; one that is alive and
-        does not answer within 10 s raises ``GetTimeoutError`` (a hung actor fails the checks built on this,
-        it does not drop out of them)."""
+        does not answer within 30 s (ten times an actor's start-up on 2 loaded cores: a replacement spawned
+        as the run ended may still be booting) raises ``GetTimeoutError`` (a hung actor fails the checks
+        built on this, it does not drop out of them)."""
         import ray
         from ray.exceptions import RayActorError
 
         out = []
         for ref in self.pings:
             try:
-                out.append(ray.get(ref, timeout=10))
+                out.append(ray.get(ref, timeout=30))
             except RayActorError:  # died before it answered
                 pass
         return out

@@ -7,6 +7,7 @@ re-evaluate to their reported reward."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import os
 
@@ -14,7 +15,6 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 from conftest import fit_one_trial, trial_policy
 
 from muzero_tune.config import make_config
@@ -28,6 +28,7 @@ from muzero_tune.replay.buffer import ReplayBuffer, SampledIndices
 from muzero_tune.replay.segment import GameSegment, SegmentBuilder
 from muzero_tune.replay.targets import TrainBatch, past_steps, reanalyze_positions
 from muzero_tune.runs.checkpoint import latest_checkpoint, load_policy
+from tests.oracles import unizero_loss as oracle
 
 PRESET = "pendulum_sampled_unizero"
 K = 4  # sampled actions per node
@@ -60,95 +61,108 @@ def _policy(preset: str = PRESET, overrides: dict | None = None, *, seed: int = 
     return policy, policy.build_model()
 
 
-def _zero_heads(model) -> None:
-    with torch.no_grad():
-        for head in (model.value_head, model.policy_head, model.reward_head, model.latent_head):
-            head[-1].weight.zero_()
-            head[-1].bias.zero_()
-
-
-def _batch(b, k, obs_dim, actions, sampled, visits, *, policy_mask, embed_dim) -> TrainBatch:
+def _batch(model, actions, sampled, visits, *, policy_mask, obs_dim: int) -> TrainBatch:
+    """A loss batch whose value, reward and latent targets differ at every step (a misaligned one changes the
+    loss): B = 2 samples of K = 3 unroll steps; sample 1's last reward and value steps are masked."""
+    b, k = actions.shape[:2]
     rng = np.random.default_rng(0)
+    with torch.no_grad():  # LayerNorm latents, one per step
+        target_latent = model.latent_norm(torch.randn(b, k, model.embed_dim) * 2).numpy()
+    value_mask, reward_mask = np.ones((b, k + 1), np.float32), np.ones((b, k), np.float32)
+    value_mask[1, -1] = reward_mask[1, -1] = 0
     return TrainBatch(
         obs=rng.normal(size=(b, k + 1, obs_dim)).astype(np.float32),
         actions=actions,
-        target_value=np.zeros((b, k + 1), np.float32),
-        target_reward=np.zeros((b, k), np.float32),
+        target_value=rng.uniform(-12, 12, size=(b, k + 1)).astype(np.float32),
+        target_reward=rng.uniform(-4, 4, size=(b, k)).astype(np.float32),
         target_policy=visits,
-        value_mask=np.ones((b, k + 1), np.float32),
-        reward_mask=np.ones((b, k), np.float32),
+        value_mask=value_mask,
+        reward_mask=reward_mask,
         policy_mask=policy_mask,
         obs_mask=np.ones((b, k + 1), np.float32),
-        weights=np.ones(b, np.float32),
+        weights=np.array([1.0, 0.5], np.float32)[:b],
         flat_index=np.arange(b),
         make_time=0,
-        extras={TARGET_LATENT: np.zeros((b, k, embed_dim), np.float32), "sampled_actions": sampled},
+        extras={TARGET_LATENT: target_latent, "sampled_actions": sampled},
     )
 
 
-def _non_policy_terms(policy, model) -> float:
-    """Per-sample loss of zeroed value/reward/latent heads with zero targets: uniform CEs and MSE 0."""
-    lc = policy.cfg.learn
-    value_ce, reward_ce = (math.log(2 * n + 1) for n in (model.value_support_size, model.reward_support_size))
-    return lc.value_loss_weight * value_ce + lc.reward_loss_weight * reward_ce
+def _check_against_the_hand_computation(policy, model, batch, out, **kind) -> tuple[np.ndarray, dict, object]:
+    """The package's per-sample loss, its IS-weighted mean and each term's batch mean equal the loss written
+    out by hand from the model's raw head outputs (tests/oracles/unizero_loss.py). Returns the package's
+    per-sample loss, the hand-computed terms and the raw outputs."""
+    raw = oracle.raw_outputs(model, batch.obs, batch.actions)
+    targets = oracle.batch_targets(batch, TARGET_LATENT)
+    want = oracle.per_sample_loss(policy, model, raw, targets, batch, **kind)
+    got = out.per_sample_loss.detach().double().numpy()
+    np.testing.assert_allclose(got, want["total"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(float(out.loss.detach()), (want["total"] * batch.weights).mean(), rtol=1e-5)
+    for term in ("value", "reward", "policy", "latent"):
+        np.testing.assert_allclose(out.metrics[f"train/loss_{term}"], want[term].mean(), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(out.metrics["train/policy_entropy"], want["entropy"].mean(), rtol=1e-5)
+    return got, want, raw
 
 
 def test_hand_computed_continuous_loss():
-    """Zeroed heads: the Gaussian is N(0, 1) (mu = 0, log sigma = 0) at every observation token, so the policy
-    term at step k is -sum_slots p log q(a) with q the tanh-N(0, 1) density (written out here, independent of
-    the library's), and the entropy bonus is w x 0.5 log(2 pi e) per real step -- once, not twice; both are
-    means over the real steps (policy_mask), not over all K+1."""
+    """Live heads (random last layers: mu and log sigma differ at every observation token) against targets
+    that differ per step. The policy term at step k is -sum_slots p log q(a) with q the tanh-Gaussian of o_k's
+    head at that step's sampled actions, the entropy bonus the pre-tanh Gaussian's, subtracted once; every
+    term is the mean over the steps its mask keeps. Positive controls: the hand computation with the visit
+    targets and their actions, or only the actions, moved one unroll step, with the value targets moved,
+    with value and reward targets swapped, or with the entropy bonus counted twice is far from the package's
+    loss."""
     policy, model = _policy()
     assert isinstance(policy, SampledUniZeroPolicy) and model.policy_dim == 2
-    _zero_heads(model)
+    oracle.randomize_heads(model, seed=1, policy_scale=0.3)  # log sigma in [-1.1, -0.3]: no density spikes
     b, k = 2, 3
     rng = np.random.default_rng(1)
     sampled = np.tanh(rng.normal(size=(b, k + 1, K, 1))).astype(np.float32)  # [B, K+1, K slots, D]
-    visits = rng.dirichlet(np.ones(K), size=(b, k + 1)).astype(np.float32)
-    pmask = np.array([[1, 1, 1, 1], [1, 1, 0, 0]], np.float32)
-    batch = _batch(b, k, 3, rng.uniform(-1, 1, size=(b, k, 1)).astype(np.float32), sampled, visits,
-                   policy_mask=pmask, embed_dim=model.embed_dim)  # fmt: skip
+    visits = rng.dirichlet(np.full(K, 0.5), size=(b, k + 1)).astype(np.float32)
+    pmask = np.array([[1, 1, 1, 1], [1, 1, 0, 0]], np.float32)  # sample 1: the mean over its 2 valid steps
+    batch = _batch(model, rng.uniform(-1, 1, size=(b, k, 1)).astype(np.float32), sampled, visits,
+                   policy_mask=pmask, obs_dim=3)  # fmt: skip
     out = policy.compute_loss(model, batch, train_iter=3)
-    a = np.clip(sampled[..., 0].astype(np.float64), -1 + 1e-6, 1 - 1e-6)
-    u = np.arctanh(a)
-    log_q = -0.5 * u * u - 0.5 * math.log(2 * math.pi) - np.log(1 - a * a + 1e-6)  # [B, K+1, K]
-    ce = -(visits * log_q).sum(-1)  # [B, K+1]
-    h = 0.5 * math.log(2 * math.pi * math.e)
-    lc, pc = policy.cfg.learn, policy.cfg.policy
-    policy_ce = (ce * pmask).sum(1) / pmask.sum(1)  # the mean over the valid steps (2 of sample 1's 4)
-    want = _non_policy_terms(policy, model) + lc.policy_loss_weight * policy_ce - pc.policy_entropy_weight * h
-    np.testing.assert_allclose(out.per_sample_loss.detach().numpy(), want, rtol=1e-5)
-    np.testing.assert_allclose(out.metrics["train/loss_policy"], policy_ce.mean(), rtol=1e-5)
+    got, want, raw = _check_against_the_hand_computation(policy, model, batch, out, continuous=True)
+    mu, log_sigma = raw.policy_params[..., 0], raw.policy_params[..., 1]
+    assert np.abs(np.diff(mu, axis=1)).min() > 0.03 and np.abs(np.diff(log_sigma, axis=1)).min() > 0.01
+    # positive controls (measured: 2.4 policy moved, 0.80 actions moved, 0.15 value moved, 3.7 swapped, 0.033
+    # entropy twice; the two agree to 2e-6)
+    targets = oracle.batch_targets(batch, TARGET_LATENT)
+    for moved in (oracle.shifted(targets, policy=True, sampled=True), oracle.shifted(targets, sampled=True),
+                  oracle.shifted(targets, value=True), oracle.swapped(targets)):  # fmt: skip
+        wrong = oracle.per_sample_loss(policy, model, raw, moved, batch, continuous=True)
+        assert np.abs(wrong["total"] - got).max() > 0.1
+    twice = want["total"] - policy.cfg.policy.policy_entropy_weight * want["entropy"]
+    assert np.abs(twice - got).max() > 0.01
     out.loss.backward()
-    assert model.policy_head[-1].weight.grad.abs().sum() > 0
+    for head in (model.value_head, model.policy_head, model.reward_head, model.latent_head):
+        assert head[-1].weight.grad.abs().sum() > 0
 
 
 def test_hand_computed_discrete_sampled_loss():
-    """CartPole, K = 2 of A = 2, slots in either order: the policy term is the cross-entropy at the sampled
-    ids (uniform logits: log 2 for any target), and a one-hot target on slot 1 of a non-uniform head gives
-    -log softmax(logits)[id of slot 1]."""
+    """CartPole, K = 2 of A = 2, the slots in a different order per sample and step, live heads: the policy
+    term is the cross-entropy at the slots' action ids (log-softmax of o_k's logits gathered at the ids), the
+    entropy the categorical's. Positive controls: the slots' ids swapped (visits on the other action) or the
+    targets moved one unroll step is far from the package's loss."""
     policy, model = _policy("cartpole_sampled_unizero", {"policy.num_samples": 2})
     assert model.policy_dim == 2 and not policy.continuous
-    _zero_heads(model)
+    oracle.randomize_heads(model, seed=2)
     b, k = 2, 3
-    ids = np.array([[[1, 0]] * (k + 1), [[0, 1]] * (k + 1)])  # [B, K+1, K=2] int64
-    visits = np.zeros((b, k + 1, 2), np.float32)
-    visits[..., 1] = 1.0  # all visits on slot 1: action 0 for sample 0, action 1 for sample 1
-    pmask = np.ones((b, k + 1), np.float32)
-    batch = _batch(b, k, 4, np.zeros((b, k), np.int64), ids, visits, policy_mask=pmask,
-                   embed_dim=model.embed_dim)  # fmt: skip
-    lc, pc = policy.cfg.learn, policy.cfg.policy
+    rng = np.random.default_rng(2)
+    ids = np.array([[[1, 0], [0, 1], [1, 0], [0, 1]], [[0, 1], [0, 1], [1, 0], [1, 0]]])  # [B, K+1, 2] int64
+    visits = np.stack([rng.dirichlet([0.3, 0.3], size=b) for _ in range(k + 1)], 1).astype(np.float32)
+    pmask = np.array([[1, 1, 1, 1], [1, 1, 1, 0]], np.float32)
+    batch = _batch(model, rng.integers(0, 2, size=(b, k)), ids, visits, policy_mask=pmask, obs_dim=4)
     out = policy.compute_loss(model, batch, train_iter=0)
-    want = _non_policy_terms(policy, model) + (lc.policy_loss_weight - pc.policy_entropy_weight) * math.log(2)
-    np.testing.assert_allclose(out.per_sample_loss.detach().numpy(), [want, want], rtol=1e-5)
-    with torch.no_grad():
-        model.policy_head[-1].bias.copy_(torch.tensor([1.0, -1.0]))  # logits (1, -1) at every token
-    out = policy.compute_loss(model, batch, train_iter=0)
-    logp = F.log_softmax(torch.tensor([1.0, -1.0], dtype=torch.float64), -1).numpy()
-    entropy = -(np.exp(logp) * logp).sum()
-    want = _non_policy_terms(policy, model) - pc.policy_entropy_weight * entropy
-    want = want + lc.policy_loss_weight * np.array([-logp[0], -logp[1]])
-    np.testing.assert_allclose(out.per_sample_loss.detach().numpy(), want, rtol=1e-5)
+    got, want, raw = _check_against_the_hand_computation(policy, model, batch, out, sampled=True)
+    logits = raw.policy_params
+    assert np.abs(np.diff(logits[..., 0] - logits[..., 1], axis=1)).min() > 0.05  # a policy per token
+    # positive controls (measured: 2.0 ids swapped, 0.65 targets moved; the two agree to 3e-6)
+    targets = oracle.batch_targets(batch, TARGET_LATENT)
+    swapped_ids = dataclasses.replace(targets, sampled=targets.sampled[..., ::-1])
+    for moved in (swapped_ids, oracle.shifted(targets, policy=True, sampled=True)):
+        wrong = oracle.per_sample_loss(policy, model, raw, moved, batch, sampled=True)
+        assert np.abs(wrong["total"] - got).max() > 0.25
 
 
 def _segment(m: int, *, obs_dim: int = 3) -> GameSegment:

@@ -6,6 +6,7 @@ tests/test_unizero_cache.py checks the caches' exactness at the model level."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import os
 
@@ -30,6 +31,7 @@ from muzero_tune.replay.targets import (
     reanalyze_positions,
     resolve_bootstrap,
 )
+from tests.oracles import unizero_loss as oracle
 
 PRESET = "cartpole_unizero"
 SMALL = {
@@ -100,26 +102,18 @@ def _reference_root_value(policy, model, obs: list[np.ndarray], actions: list[np
 # ------------------------------------------------------------------------------------------------ loss
 
 
-def test_hand_computed_loss():
-    """Zeroed heads: every categorical is uniform (CE = log C whatever the target, entropy = log A) and the
-    predicted latent is LayerNorm(0) = 0 (MSE = mean of the target's squares); IS weights apply and each term
-    is the mean over the steps its mask keeps (masked steps are not in the denominator; none kept: 0)."""
-    policy, model = _policy({"replay.num_unroll_steps": 2, "learn.batch_size": 3})
-    with torch.no_grad():
-        for head in (model.value_head, model.policy_head, model.reward_head, model.latent_head):
-            head[-1].weight.zero_()
-            head[-1].bias.zero_()
-    b, k, e = 3, 2, model.embed_dim
+def _loss_batch(model, *, b: int = 3, k: int = 2) -> TrainBatch:
+    """Targets that differ at every step (a misaligned target changes the loss) and masks that keep all steps
+    of sample 0, some of sample 1 and none of sample 2 (obs_mask[:, 1:] all 0)."""
     rng = np.random.default_rng(0)
-    target_latent = np.full((b, k, e), 2.0, np.float32)
-    target_latent[1, 0], target_latent[1, 1] = 3.0, 5.0  # step 1 of sample 1 is masked out
-    pol = rng.dirichlet([1, 1], size=(b, k + 1)).astype(np.float32)
-    batch = TrainBatch(
+    with torch.no_grad():  # LayerNorm latents, one per step
+        target_latent = model.latent_norm(torch.randn(b, k, model.embed_dim) * 2).numpy()
+    return TrainBatch(
         obs=rng.normal(size=(b, k + 1, 4)).astype(np.float32),
         actions=np.array([[0, 1], [1, 1], [0, 0]]),
-        target_value=rng.normal(size=(b, k + 1)).astype(np.float32) * 5,
-        target_reward=np.ones((b, k), np.float32),
-        target_policy=pol,
+        target_value=rng.uniform(-12, 12, size=(b, k + 1)).astype(np.float32),
+        target_reward=rng.uniform(-4, 4, size=(b, k)).astype(np.float32),
+        target_policy=rng.dirichlet([0.5, 0.5], size=(b, k + 1)).astype(np.float32),
         value_mask=np.array([[1, 1, 1], [1, 1, 0], [0, 0, 0]], np.float32),
         reward_mask=np.array([[1, 1], [1, 0], [0, 0]], np.float32),
         policy_mask=np.array([[1, 1, 1], [1, 0, 0], [0, 0, 0]], np.float32),
@@ -129,24 +123,50 @@ def test_hand_computed_loss():
         make_time=0,
         extras={TARGET_LATENT: target_latent},
     )
+
+
+def test_hand_computed_loss():
+    """Live heads (random last layers: every token predicts its own distributions) against targets that differ
+    per step. The per-sample loss, its IS-weighted mean, each term's batch mean and the priorities equal the
+    loss written out by hand from the model's raw head outputs (tests/oracles/unizero_loss.py): value and
+    policy at o_0..o_K, reward and next latent at a_0..a_{K-1}, each term the mean over the steps its mask
+    keeps (masked steps are not in the denominator; none kept: 0). Positive controls: the same hand
+    computation with any target moved one unroll step, with value and reward targets swapped, or with the
+    value mask ignored is far from the package's loss."""
+    policy, model = _policy({"replay.num_unroll_steps": 2, "learn.batch_size": 3})
+    oracle.randomize_heads(model, seed=1)
+    batch = _loss_batch(model)
     out = policy.compute_loss(model, batch, train_iter=7)
-    lc, pc = policy.cfg.learn, policy.cfg.policy
-    lv = math.log(2 * model.value_support_size + 1)
-    lr = math.log(2 * model.reward_support_size + 1)
-    la = math.log(2)
-    # sample 0: all masks 1. sample 1: each term the mean over its valid steps -- the same constant CEs, the
-    # latent term 3^2 (step 0 alone; over all steps it would be (9 + 0) / 2 or (9 + 25) / 2). sample 2: no
-    # valid step of any term (obs_mask[:, 1:] is all 0): a zero loss, not NaN
-    full = (lc.value_loss_weight * lv + lc.reward_loss_weight * lr + lc.policy_loss_weight * la
-            - pc.policy_entropy_weight * la)  # fmt: skip
-    want = np.array([pc.latent_loss_weight * 4.0 + full, pc.latent_loss_weight * 9.0 + full, 0.0])
-    np.testing.assert_allclose(out.per_sample_loss.detach().numpy(), want, rtol=1e-5)
-    np.testing.assert_allclose(float(out.loss.detach()), (want * [1.0, 0.5, 1.0]).mean(), rtol=1e-5)
-    np.testing.assert_allclose(out.priorities, np.abs(batch.target_value[:, 0]) + 1e-6, rtol=1e-5)
+    raw = oracle.raw_outputs(model, batch.obs, batch.actions)
+    # the heads are live: neighbouring steps of one sample predict different value and reward distributions
+    for logits in (raw.value_logits, raw.reward_logits):
+        p = np.exp(oracle.log_softmax(logits))
+        assert np.abs(np.diff(p, axis=1)).sum(-1).min() > 0.5
+    targets = oracle.batch_targets(batch, TARGET_LATENT)
+    want = oracle.per_sample_loss(policy, model, raw, targets, batch)
+    got = out.per_sample_loss.detach().double().numpy()
+    np.testing.assert_allclose(got, want["total"], rtol=1e-5, atol=1e-6)
+    assert got[2] == 0.0  # no valid step of any term: a zero loss, not NaN
+    np.testing.assert_allclose(float(out.loss.detach()), (want["total"] * batch.weights).mean(), rtol=1e-5)
+    for term in ("value", "reward", "policy", "latent"):
+        np.testing.assert_allclose(out.metrics[f"train/loss_{term}"], want[term].mean(), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(out.metrics["train/policy_entropy"], want["entropy"].mean(), rtol=1e-5)
+    pred_v0 = oracle.scalar(raw.value_logits[:, 0], model.value_support_size)
+    np.testing.assert_allclose(out.priorities, np.abs(pred_v0 - batch.target_value[:, 0]) + 1e-6, rtol=1e-4)
     assert out.metrics["train/train_iter"] == 7.0
+    # positive controls: each misalignment moves some sample's hand-computed loss far from the package's
+    # (measured: 0.71 value, 1.6 reward, 0.80 policy, 5.0 latent, 1.6 swapped, 3.0 mask ignored; the two agree
+    # to 2e-6)
+    controls = [oracle.shifted(targets, **{term: True}) for term in ("value", "reward", "policy", "latent")]
+    for moved in [*controls, oracle.swapped(targets)]:
+        wrong = oracle.per_sample_loss(policy, model, raw, moved, batch)
+        assert np.abs(wrong["total"] - got).max() > 0.25
+    ones = dataclasses.replace(batch, value_mask=np.ones_like(batch.value_mask))  # masked steps counted
+    wrong = oracle.per_sample_loss(policy, model, raw, targets, ones)
+    assert np.abs(wrong["total"] - got).max() > 0.25
     out.loss.backward()
-    for head in (model.value_head, model.policy_head, model.reward_head):  # (a constant latent target
-        assert head[-1].weight.grad.abs().sum() > 0  # has no gradient through LayerNorm at 0)
+    for head in (model.value_head, model.policy_head, model.reward_head, model.latent_head):
+        assert head[-1].weight.grad.abs().sum() > 0
 
 
 def test_simnorm_group_kl_is_zero_at_the_target_and_positive_elsewhere():

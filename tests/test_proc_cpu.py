@@ -3,6 +3,7 @@ spent them (a real child process, real /proc)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -40,13 +41,30 @@ def _busy(seconds: float) -> None:
         pass
 
 
+@contextlib.contextmanager
+def _busy_child(seconds: float):
+    """A child titled like a collector actor that spins ``seconds`` of CPU, then waits: the block runs once
+    its busy loop is over and the child is still alive; the child exits after the block."""
+    wait = "import sys\nprint('spun', flush=True)\nsys.stdin.read()\n"
+    code = "# CollectorWorker\n" + BUSY.format(s=seconds) + wait
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)  # fmt: skip
+    try:
+        assert child.stdout.readline().strip() == "spun"
+        yield
+    finally:
+        child.stdin.close()
+        assert child.wait(timeout=60) == 0
+
+
 def test_sampler_attributes_cpu_to_the_process_that_spent_it():
     sampler = proc_cpu.CpuSampler(interval_s=0.05).start()
     _busy(0.2)  # the driver, before the mark
     sampler.mark()
-    # a child whose command line names the collector class, as a Ray actor's title does
-    subprocess.run([sys.executable, "-c", "# CollectorWorker\n" + BUSY.format(s=0.3)], check=True)
-    report = sampler.stop()
+    # a child whose command line names the collector class, as a Ray actor's title does; the sampler's last
+    # scan sees it alive after its busy loop (whatever the load: no sample of it can be missed)
+    with _busy_child(0.3):
+        report = sampler.stop()
     assert report.processes["collector"] == 1
     # its busy loop plus its interpreter start-up; /proc counts in clock ticks and leaves out time a
     # hypervisor steals (measured here: 0.145 s for a 0.2 s busy loop by process_time on a loaded VM)
@@ -66,8 +84,8 @@ def test_processes_outside_the_drivers_tree_are_other_whatever_their_command_lin
     driver = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         sampler = proc_cpu.CpuSampler(interval_s=0.05, driver_pid=driver.pid).start()
-        subprocess.run([sys.executable, "-c", "# CollectorWorker\n" + BUSY.format(s=0.3)], check=True)
-        report = sampler.stop()
+        with _busy_child(0.3):
+            report = sampler.stop()
     finally:
         driver.kill()
         driver.wait()
