@@ -47,6 +47,7 @@ from muzero_tune.envs.spaces import (
     adapt_spaces,
 )
 from muzero_tune.envs.spec import EnvSpec
+from muzero_tune.errors import UserError
 
 __all__ = [
     "SUPPORTED_FAMILIES",
@@ -101,8 +102,9 @@ _OPTIONAL_EXTRAS = (
 _import_module = importlib.import_module
 
 
-class EnvConfigError(ValueError):
-    """A bad ``env.*`` config value; the message starts with the config key (e.g. ``env.frame_size_px``)."""
+class EnvConfigError(UserError, ValueError):
+    """A bad ``env.*`` config value; the message starts with the config key (e.g. ``env.frame_size_px``).
+    A user error: the command line prints it as one line."""
 
 
 class UnknownEnvError(EnvConfigError):
