@@ -282,6 +282,11 @@ def test_collected_segments_hold_factor_vectors_and_a_train_step_learns_from_the
         assert ((batch.actions >= 0) & (batch.actions < 8)).all()  # random past the data: inside nvec too
         out = core.train_step(prefetch_next=False)
         assert np.isfinite(out.metrics["train/loss_total"]) and np.isfinite(out.priorities).all()
+        obs = np.eye(4, dtype=np.float32)[[0, 3]]  # two cues, one-hot
+        legal = np.ones((2, 0), bool)  # nothing to mask
+        fresh = core.policy.reanalyze(core.learner.model, obs, legal, np.random.default_rng(0))
+        assert fresh["sampled_actions"].shape == (2, 4, 5) and fresh["child_visits"].shape == (2, 4)
+        assert fresh["sampled_actions"].dtype == np.int64 and (fresh["sampled_actions"] < 8).all()
     finally:
         core.close()
 

@@ -397,7 +397,8 @@ class PolicyConfig:
         "auto",
         "sampled_*: prior of the K sampled edges: uniform (1/K, the paper's rule for independent draws "
         "from the policy), density (the policy renormalised over the samples, right for distinct discrete "
-        "actions drawn without replacement) or auto (uniform for continuous actions, density for discrete)",
+        "actions drawn without replacement) or auto (uniform for continuous and factored actions, density "
+        "for discrete)",
         choices=("auto", "uniform", "density"),
     )
     policy_entropy_weight: float = param(
