@@ -19,6 +19,7 @@ from muzero_tune.envs.spaces import FactoredMultiDiscreteActions
 from muzero_tune.mcts.reference import reference_sampled_search
 from muzero_tune.mcts.sampled import SampledSearch
 from muzero_tune.models.factored_net import (
+    ConvFactoredMuZeroNet,
     FactorEmbedding,
     MLPFactoredMuZeroNet,
     factor_one_hot,
@@ -143,6 +144,15 @@ def test_the_factored_networks_take_factor_vectors():
     out = net.recurrent_inference(latent, torch.tensor([[1, 2], [0, 0]]))
     assert out.policy_logits.shape == (2, 5)
     other = net.recurrent_inference(latent, torch.tensor([[1, 1], [0, 0]]))
+    assert not torch.equal(out.latent[0], other.latent[0]) and torch.equal(out.latent[1], other.latent[1])
+    conv = ConvFactoredMuZeroNet(nvec=(2, 3), obs_shape=(2, 4, 4), num_channels=4, num_res_blocks=1,
+                                 downsample=False, value_support_size=3, reward_support_size=2,
+                                 projection_dim=8)  # fmt: skip
+    conv.eval()  # batch-norm statistics of its own: each row stands alone
+    latent = conv.initial_inference(torch.rand(2, 2, 4, 4)).latent
+    out = conv.recurrent_inference(latent, torch.tensor([[1, 2], [0, 0]]))
+    assert out.policy_logits.shape == (2, 5) and out.latent.shape == latent.shape
+    other = conv.recurrent_inference(latent, torch.tensor([[0, 2], [0, 0]]))
     assert not torch.equal(out.latent[0], other.latent[0]) and torch.equal(out.latent[1], other.latent[1])
     embed = FactorEmbedding((2, 3), 4)
     tokens = embed(torch.tensor([[1.0, 2.0], [0.0, 0.0]]))  # the world model passes float factor indices
