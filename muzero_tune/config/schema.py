@@ -55,6 +55,13 @@ class EnvConfig:
         "gymnasium wrappers applied in order after gymnasium.make: 'module:Class', or 'module:Class {k: v}' "
         "with keyword arguments as a YAML mapping",
     )
+    multi_discrete_actions: str = param(
+        "auto",
+        "a MultiDiscrete action space: flat (one discrete action over every combination, at most 4096; every "
+        "policy type), factored (one index per factor; the sampled types), auto (flat up to 4096 "
+        "combinations, factored above)",
+        choices=("auto", "flat", "factored"),
+    )
     frame_stack: int = param(1, "frames stacked into one model input (Atari: 4)", ge=1, le=32)
     frame_size_px: int = param(64, "Atari frame side after resizing, pixels", choices=(64, 96))
     grayscale: bool = param(True, "Atari: grayscale frames (False: RGB)")
@@ -390,7 +397,8 @@ class PolicyConfig:
         "auto",
         "sampled_*: prior of the K sampled edges: uniform (1/K, the paper's rule for independent draws "
         "from the policy), density (the policy renormalised over the samples, right for distinct discrete "
-        "actions drawn without replacement) or auto (uniform for continuous actions, density for discrete)",
+        "actions drawn without replacement) or auto (uniform for continuous and factored actions, density "
+        "for discrete)",
         choices=("auto", "uniform", "density"),
     )
     policy_entropy_weight: float = param(

@@ -2,7 +2,8 @@
 
 * :mod:`.spec` — :class:`EnvSpec` and :func:`stack_frames` (what the model sees).
 * :mod:`.factory` — :func:`validate_env_id`, :func:`make_env`, :func:`env_spec`, errors.
-* :mod:`.spaces` — any gymnasium space in the library's forms (image frames, flat vectors, flat actions).
+* :mod:`.spaces` — any gymnasium space in the library's forms (image frames, flat vectors, flat or factored
+  actions).
 * :mod:`.actions` — :class:`UnitBoxActions`: the library's [-1, 1] continuous actions <-> env bounds.
 * :mod:`.atari` — ``ALE/<Game>-v5`` preprocessing (imports nothing from ale-py itself).
 """

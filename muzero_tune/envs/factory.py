@@ -8,7 +8,7 @@ registers the id, gymnasium's own syntax). ``env.kwargs`` go to ``gymnasium.make
 (import paths, with optional keyword arguments) wrap the env in order. What the agent then sees is decided
 from the env's spaces (:mod:`muzero_tune.envs.spaces`): images become uint8 ``[C, S, S]`` frames, every
 other supported observation a float32 ``[D]`` vector; ``Box`` actions are taken in [-1, 1], ``MultiDiscrete``
-ones as one flat discrete action.
+ones as one flat discrete action or by their factors (``env.multi_discrete_actions``).
 
 Atari ``ALE/<Game>-v5`` ids (need ``ale-py``, the ``muzero-tune[atari]`` extra) get MuZero's preprocessing
 (:mod:`muzero_tune.envs.atari`). Box2D and MuJoCo ids name their optional extras when missing.
@@ -40,8 +40,14 @@ from gymnasium.spaces import Discrete
 from muzero_tune.envs import cartpole_novel as _cartpole_novel  # noqa: F401 (registers its env id)
 from muzero_tune.envs import stochastic as _stochastic  # noqa: F401 (registers its env id)
 from muzero_tune.envs.atari import ATARI_FRAME_SIZES_PX, make_atari_env, sign_reward
-from muzero_tune.envs.spaces import SpaceError, adapt_spaces
+from muzero_tune.envs.spaces import (
+    MULTI_DISCRETE_FORMS,
+    FactoredMultiDiscreteActions,
+    SpaceError,
+    adapt_spaces,
+)
 from muzero_tune.envs.spec import EnvSpec
+from muzero_tune.errors import UserError
 
 __all__ = [
     "SUPPORTED_FAMILIES",
@@ -96,8 +102,9 @@ _OPTIONAL_EXTRAS = (
 _import_module = importlib.import_module
 
 
-class EnvConfigError(ValueError):
-    """A bad ``env.*`` config value; the message starts with the config key (e.g. ``env.frame_size_px``)."""
+class EnvConfigError(UserError, ValueError):
+    """A bad ``env.*`` config value; the message starts with the config key (e.g. ``env.frame_size_px``).
+    A user error: the command line prints it as one line."""
 
 
 class UnknownEnvError(EnvConfigError):
@@ -312,6 +319,7 @@ def _check_options(
     noop_max: int,
     max_episode_steps: int | None,
     seed: int | None,
+    multi_discrete: str,
 ) -> None:
     def is_int(value: Any) -> bool:
         return isinstance(value, int | np.integer) and not isinstance(value, bool)
@@ -330,6 +338,10 @@ def _check_options(
         )
     if seed is not None and (not is_int(seed) or seed < 0):
         raise EnvConfigError(f"env.seed: must be None or an integer >= 0, got {seed!r}")
+    if multi_discrete not in MULTI_DISCRETE_FORMS:
+        raise EnvConfigError(
+            f"env.multi_discrete_actions: must be one of {list(MULTI_DISCRETE_FORMS)}, got {multi_discrete!r}"
+        )
 
 
 class SeedOnFirstReset(gym.Wrapper):
@@ -361,6 +373,7 @@ def _make_gym_env(
     max_episode_steps: int | None,
     frame_size_px: int,
     grayscale: bool,
+    multi_discrete: str,
 ) -> gym.Env:
     # max_episode_steps None keeps the registered TimeLimit (CartPole-v1: 500 steps); a value replaces it
     try:
@@ -371,7 +384,9 @@ def _make_gym_env(
         ) from None
     env = _apply_wrappers(env, wrappers)
     try:
-        env = adapt_spaces(env, env_id, frame_size_px=frame_size_px, grayscale=grayscale)
+        env = adapt_spaces(
+            env, env_id, frame_size_px=frame_size_px, grayscale=grayscale, multi_discrete=multi_discrete
+        )
     except SpaceError as err:
         raise UnsupportedEnvError(str(err)) from None
     if clip_rewards:
@@ -405,6 +420,7 @@ def make_env(
     kwargs: Mapping[str, Any] | None = None,
     wrappers: tuple[str, ...] = (),
     render_mode: str | None = None,
+    multi_discrete_actions: str = "auto",
 ) -> gym.Env:
     """Build an env emitting ONE frame per step: float32 ``[D]`` (vectors) or uint8 ``[C, S, S]`` (images).
 
@@ -426,6 +442,9 @@ def make_env(
         kwargs: keyword arguments for ``gymnasium.make`` (``env.kwargs``).
         wrappers: ``env.wrappers``, applied in order after ``gymnasium.make`` (:func:`parse_wrapper`).
         render_mode: gymnasium's ``render_mode`` (``"rgb_array"`` for videos); ``None``: no rendering.
+        multi_discrete_actions: a ``MultiDiscrete`` action space as one flat discrete action (``"flat"``, at
+            most :data:`~muzero_tune.envs.spaces.MAX_FLAT_ACTIONS` combinations), by its factors
+            (``"factored"``: int64 ``[D]`` actions), or ``"auto"``: flat up to the limit, factored above.
 
     The Atari-only knobs are ignored for other envs.
 
@@ -441,6 +460,7 @@ def make_env(
         noop_max=noop_max,
         max_episode_steps=max_episode_steps,
         seed=seed,
+        multi_discrete=multi_discrete_actions,
     )
     make_kwargs = {**(kwargs or {}), **({"render_mode": render_mode} if render_mode else {})}
     if env_family(env_id) == "atari":
@@ -460,6 +480,7 @@ def make_env(
         env = _make_gym_env(
             env_id, kwargs=make_kwargs, wrappers=tuple(wrappers), clip_rewards=bool(clip_rewards),
             max_episode_steps=max_episode_steps, frame_size_px=int(frame_size_px), grayscale=bool(grayscale),
+            multi_discrete=multi_discrete_actions,
         )  # fmt: skip
     if seed is not None:
         env = SeedOnFirstReset(env, int(seed))
@@ -474,9 +495,10 @@ def env_spec(
     grayscale: bool = True,
     kwargs: Mapping[str, Any] | None = None,
     wrappers: tuple[str, ...] = (),
+    multi_discrete_actions: str = "auto",
 ) -> EnvSpec:
     """The :class:`EnvSpec` of ``make_env(env_id, frame_size_px=..., grayscale=..., kwargs=...,
-    wrappers=...)`` with ``frame_stack``.
+    wrappers=..., multi_discrete_actions=...)`` with ``frame_stack``.
 
     Builds and closes a throwaway env (never reset); cached per arguments because callers ask often.
     """
@@ -484,8 +506,9 @@ def env_spec(
         raise EnvConfigError(f"env.frame_stack: must be an integer >= 1, got {frame_stack!r}")
     kwargs_json = json.dumps(dict(kwargs or {}), sort_keys=True, default=repr)
     return _cached_spec(
-        env_id, frame_stack, int(frame_size_px), bool(grayscale), kwargs_json, tuple(wrappers)
-    )
+        env_id, frame_stack, int(frame_size_px), bool(grayscale), kwargs_json, tuple(wrappers),
+        str(multi_discrete_actions),
+    )  # fmt: skip
 
 
 def spec_of(env_cfg: Any) -> EnvSpec:
@@ -493,21 +516,29 @@ def spec_of(env_cfg: Any) -> EnvSpec:
     return env_spec(
         env_cfg.env_id, frame_stack=env_cfg.frame_stack, frame_size_px=env_cfg.frame_size_px,
         grayscale=env_cfg.grayscale, kwargs=env_cfg.kwargs, wrappers=env_cfg.wrappers,
+        multi_discrete_actions=env_cfg.multi_discrete_actions,
     )  # fmt: skip
 
 
 @functools.lru_cache(maxsize=256)
 def _cached_spec(
-    env_id: str, frame_stack: int, frame_size_px: int, grayscale: bool, kwargs_json: str, wrappers: tuple
+    env_id: str, frame_stack: int, frame_size_px: int, grayscale: bool, kwargs_json: str, wrappers: tuple,
+    multi_discrete_actions: str,
 ) -> EnvSpec:
     env = make_env(env_id, frame_size_px=frame_size_px, grayscale=grayscale, noop_max=0,
-                   kwargs=json.loads(kwargs_json), wrappers=wrappers)  # fmt: skip
+                   kwargs=json.loads(kwargs_json), wrappers=wrappers,
+                   multi_discrete_actions=multi_discrete_actions)  # fmt: skip
     try:
         obs_space, action_space = env.observation_space, env.action_space
+        factored = _factored_wrapper(env)
     finally:
         env.close()
+    nvec, note = (), ""
     if isinstance(action_space, Discrete):
         num_actions, action_kind, action_dim = int(action_space.n), "discrete", 0
+    elif factored is not None:
+        nvec, note = factored.nvec, factored.note
+        num_actions, action_kind, action_dim = 0, "factored", len(nvec)
     else:
         num_actions, action_kind, action_dim = 0, "continuous", int(action_space.shape[0])
     return EnvSpec(
@@ -518,7 +549,18 @@ def _cached_spec(
         num_actions=num_actions,
         action_kind=action_kind,
         action_dim=action_dim,
+        action_nvec=nvec,
+        action_note=note,
     )
+
+
+def _factored_wrapper(env: gym.Env) -> FactoredMultiDiscreteActions | None:
+    """The :class:`FactoredMultiDiscreteActions` inside ``env``'s wrappers, or None."""
+    while isinstance(env, gym.Wrapper):
+        if isinstance(env, FactoredMultiDiscreteActions):
+            return env
+        env = env.env
+    return None
 
 
 def action_mask_from_info(info: Mapping[str, Any] | None, num_actions: int) -> np.ndarray:

@@ -15,14 +15,18 @@ What this module owns
       order); a ``Dict`` / ``Tuple`` with one image among its entries becomes that image's uint8 frame with
       the other entries' D values as D constant planes after its channels (:class:`ImageWithPlanesFrames`);
     * actions: ``Discrete`` (offset by its ``start``), ``Box`` with finite bounds (``[-1, 1]`` mapped to
-      them, :class:`~muzero_tune.envs.actions.UnitBoxActions`), ``MultiDiscrete`` as one flat discrete
-      action over its factors' product, up to :data:`MAX_FLAT_ACTIONS` (:class:`FlatMultiDiscreteActions`);
+      them, :class:`~muzero_tune.envs.actions.UnitBoxActions`), ``MultiDiscrete`` either as one flat discrete
+      action over its factors' product, up to :data:`MAX_FLAT_ACTIONS` (:class:`FlatMultiDiscreteActions`),
+      or by its factors, one index per factor (:class:`FactoredMultiDiscreteActions`, for the policy types
+      that act over factors): ``env.multi_discrete_actions`` chooses, and ``auto`` (the default) takes the
+      flat action up to the limit and the factors above it (:func:`multi_discrete_form`);
     * anything else (``Text``, ``Graph``, ``Sequence``, unbounded ``Box`` actions, two images in one ``Dict``)
       is refused with one line naming the space and what is supported, before any work starts.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,6 +39,8 @@ from muzero_tune.envs.atari import area_resize
 
 __all__ = [
     "MAX_FLAT_ACTIONS",
+    "MULTI_DISCRETE_FORMS",
+    "FactoredMultiDiscreteActions",
     "FlatMultiDiscreteActions",
     "FlatVectorFrames",
     "GridFrames",
@@ -47,16 +53,21 @@ __all__ = [
     "is_grid_space",
     "is_image_space",
     "is_picture_space",
+    "multi_discrete_form",
 ]
 
 MAX_FLAT_ACTIONS = 4096  # the largest MultiDiscrete product taken as one flat discrete action
+MULTI_DISCRETE_FORMS = ("auto", "flat", "factored")  # env.multi_discrete_actions
 MAX_PLANES = 64  # the most values beside an image in a Dict / Tuple observation (one constant plane each)
 _FLAT_LEAVES = (spaces.Box, spaces.Discrete, spaces.MultiBinary, spaces.MultiDiscrete)
 _OBSERVATIONS = (
     "Box (vectors of any shape, pictures [H, W] / [H, W, C<=4], grids [H, W, C]), Discrete, MultiBinary, "
     "MultiDiscrete, and Dict / Tuple of these with at most one image, at their top level"
 )
-_ACTIONS = "Discrete, Box with finite bounds, MultiDiscrete (up to {n} combinations)"
+_ACTIONS = (
+    "Discrete, Box with finite bounds, MultiDiscrete (one flat action up to {n} combinations, any size by "
+    "its factors)"
+)
 
 
 class SpaceError(ValueError):
@@ -298,8 +309,69 @@ class FlatMultiDiscreteActions(gym.ActionWrapper):
         return factors + self._start
 
 
-def adapt_spaces(env: gym.Env, env_id: str, *, frame_size_px: int, grayscale: bool) -> gym.Env:
-    """``env`` wrapped so it emits the library's single frames and takes its actions (module docstring).
+class FactoredMultiDiscreteActions(gym.ActionWrapper):
+    """A ``MultiDiscrete(nvec)`` env taken by its factors: the library's action is an int64 ``[D]`` vector of
+    factor indices, ``0 <= a_d < n_d`` over the flattened ``nvec`` (row-major); the env receives it in its
+    own shape with its ``start`` added, in its own dtype.
+
+    ``note`` says why the actions are factored (the space, its number of combinations, the flat limit), for
+    the messages of the policy types that cannot take them."""
+
+    def __init__(self, env: gym.Env, *, note: str = "") -> None:
+        super().__init__(env)
+        space = env.action_space
+        self._shape, self._dtype = space.shape, space.dtype
+        self._start = np.asarray(getattr(space, "start", 0))
+        self.nvec = tuple(int(n) for n in np.asarray(space.nvec).reshape(-1))
+        self.note = note
+        self.action_space = spaces.MultiDiscrete(np.array(self.nvec, dtype=np.int64))
+
+    def action(self, action: Any) -> np.ndarray:
+        factors = np.asarray(action, dtype=np.int64).reshape(self._shape)
+        return (factors + self._start).astype(self._dtype)
+
+
+def multi_discrete_form(space: spaces.MultiDiscrete, form: str) -> str:
+    """``"flat"`` or ``"factored"``: how a ``MultiDiscrete`` action space is taken under
+    ``env.multi_discrete_actions`` = ``form`` (``auto``: flat up to :data:`MAX_FLAT_ACTIONS` combinations,
+    factored above)."""
+    if form not in MULTI_DISCRETE_FORMS:
+        raise ValueError(
+            f"env.multi_discrete_actions: must be one of {list(MULTI_DISCRETE_FORMS)}, got {form!r}"
+        )
+    if form != "auto":
+        return form
+    return "flat" if _combinations(space) <= MAX_FLAT_ACTIONS else "factored"
+
+
+def _combinations(space: spaces.MultiDiscrete) -> int:
+    return math.prod(int(n) for n in np.asarray(space.nvec).reshape(-1))
+
+
+def _multi_discrete_actions(env: gym.Env, env_id: str, form: str) -> gym.Env:
+    act = env.action_space
+    combos = _combinations(act)
+    if multi_discrete_form(act, form) == "factored":
+        why = (
+            f"more than the {MAX_FLAT_ACTIONS} one flat discrete action may have"
+            if form == "auto"
+            else "taken by its factors (env.multi_discrete_actions=factored)"
+        )
+        return FactoredMultiDiscreteActions(env, note=f"{act} has {combos} action combinations, {why}")
+    if combos > MAX_FLAT_ACTIONS:
+        raise SpaceError(
+            f"env.env_id: {env_id!r} has {combos} action combinations ({act}), more than the "
+            f"{MAX_FLAT_ACTIONS} a flat discrete action may have; env.multi_discrete_actions=auto or "
+            "factored takes it by its factors, for the sampled policy types"
+        )
+    return FlatMultiDiscreteActions(env)
+
+
+def adapt_spaces(
+    env: gym.Env, env_id: str, *, frame_size_px: int, grayscale: bool, multi_discrete: str = "auto"
+) -> gym.Env:
+    """``env`` wrapped so it emits the library's single frames and takes its actions (module docstring);
+    ``multi_discrete``: ``env.multi_discrete_actions``, how a ``MultiDiscrete`` action space is taken.
 
     Raises :class:`SpaceError` (closing ``env``) for a space the library cannot take."""
     try:
@@ -334,13 +406,7 @@ def adapt_spaces(env: gym.Env, env_id: str, *, frame_size_px: int, grayscale: bo
                 )
             env = UnitBoxActions(env)
         elif isinstance(act, spaces.MultiDiscrete):
-            combos = int(np.prod(np.asarray(act.nvec, dtype=np.int64)))
-            if combos > MAX_FLAT_ACTIONS:
-                raise SpaceError(
-                    f"env.env_id: {env_id!r} has {combos} action combinations ({act}), more than the "
-                    f"{MAX_FLAT_ACTIONS} a flat discrete action may have"
-                )
-            env = FlatMultiDiscreteActions(env)
+            env = _multi_discrete_actions(env, env_id, multi_discrete)
         else:
             raise SpaceError(
                 f"env.env_id: {env_id!r} has an unsupported action space {act}. Supported: "

@@ -16,7 +16,9 @@ never copies when the frames already sit next to each other in memory.
 It also owns *what an action is* inside the library (:attr:`EnvSpec.action_shape` /
 :attr:`EnvSpec.action_dtype`): a discrete action is one int64 index (shape ``()``), a continuous one is a
 float32 vector ``[D]`` in [-1, 1] (mapped affinely to the env's bounds only at the env boundary, by
-:mod:`muzero_tune.envs.actions`). Segments, replay, targets and the pipelines carry actions in this form.
+:mod:`muzero_tune.envs.actions`), a factored one (a ``MultiDiscrete`` taken by its factors) an int64 vector
+``[D]`` of factor indices, ``0 <= a_d < nvec_d``. Segments, replay, targets and the pipelines carry actions in
+this form.
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ from typing import Any, Literal
 
 import numpy as np
 
-__all__ = ["ActionKind", "EnvSpec", "random_actions", "stack_frames"]
+__all__ = ["ACTION_KINDS", "ActionKind", "EnvSpec", "random_actions", "stack_frames"]
 
-ActionKind = Literal["discrete", "continuous"]
+ActionKind = Literal["discrete", "continuous", "factored"]
+ACTION_KINDS = ("discrete", "continuous", "factored")
 
 # Frame ranks the rest of the library understands: vector observations and channel-first images.
 _VECTOR_NDIM = 1
@@ -67,11 +70,19 @@ def stack_frames(frames: Any, *, frame_ndim: int | None = None) -> Any:
 
 
 def random_actions(
-    rng: np.random.Generator, shape: tuple[int, ...], *, num_actions: int, action_dim: int
+    rng: np.random.Generator,
+    shape: tuple[int, ...],
+    *,
+    num_actions: int,
+    action_dim: int,
+    action_nvec: tuple[int, ...] = (),
 ) -> np.ndarray:
     """Uniform random actions ``[*shape, *action_shape]``: int64 in [0, num_actions) when ``action_dim`` is
-    0 (discrete; the same draw as ``rng.integers(num_actions, size=shape)``), else float32 uniform in
-    [-1, 1] ``[*shape, action_dim]`` (continuous)."""
+    0 (discrete; the same draw as ``rng.integers(num_actions, size=shape)``); with ``action_nvec`` (factored)
+    int64 ``[*shape, D]``, factor d uniform in [0, nvec_d); else float32 uniform in [-1, 1]
+    ``[*shape, action_dim]`` (continuous)."""
+    if action_nvec:
+        return rng.integers(np.asarray(action_nvec, dtype=np.int64), size=(*shape, len(action_nvec)))
     if action_dim > 0:
         return rng.uniform(-1.0, 1.0, size=(*shape, action_dim)).astype(np.float32)
     return rng.integers(num_actions, size=shape).astype(np.int64)
@@ -86,9 +97,12 @@ class EnvSpec:
         frame_shape: shape of ONE emitted frame: ``(D,)`` for vectors, ``(C, H, W)`` for images.
         frame_dtype: numpy dtype name of a frame: ``"float32"`` (vectors) or ``"uint8"`` (images).
         frame_stack: number of consecutive frames the model sees (>= 1).
-        num_actions: size of the discrete action set; 0 for continuous actions.
-        action_kind: ``"discrete"`` or ``"continuous"``.
-        action_dim: length of a continuous action vector; 0 for discrete actions.
+        num_actions: size of the discrete action set; 0 for continuous and factored actions.
+        action_kind: ``"discrete"``, ``"continuous"`` or ``"factored"``.
+        action_dim: length of a continuous or factored action vector (D); 0 for discrete actions.
+        action_nvec: factored actions: each factor's number of values ``(n_1, ..., n_D)``; else ``()``.
+        action_note: what made the actions this kind, for messages (factored: the env's space, its number of
+            combinations and the flat limit); may be empty.
     """
 
     env_id: str
@@ -98,10 +112,13 @@ class EnvSpec:
     num_actions: int
     action_kind: ActionKind
     action_dim: int = 0
+    action_nvec: tuple[int, ...] = ()
+    action_note: str = ""
 
     def __post_init__(self) -> None:
         # Normalise list-like shapes from configs so equality and hashing stay value-based.
         object.__setattr__(self, "frame_shape", tuple(int(d) for d in self.frame_shape))
+        object.__setattr__(self, "action_nvec", tuple(int(n) for n in self.action_nvec))
         if len(self.frame_shape) not in (_VECTOR_NDIM, _IMAGE_NDIM) or min(self.frame_shape) <= 0:
             raise ValueError(
                 f"frame_shape must be (D,) or (C, H, W) with positive sizes, got {self.frame_shape}"
@@ -126,8 +143,18 @@ class EnvSpec:
                     f"continuous actions need action_dim >= 1 and num_actions 0, "
                     f"got {self.action_dim} / {self.num_actions}"
                 )
+        elif self.action_kind == "factored":
+            nvec = self.action_nvec
+            if not nvec or min(nvec) < 1 or self.action_dim != len(nvec) or self.num_actions != 0:
+                raise ValueError(
+                    f"factored actions need action_nvec of sizes >= 1, action_dim = len(action_nvec) and "
+                    f"num_actions 0, got {nvec} / {self.action_dim} / {self.num_actions}"
+                )
         else:
-            raise ValueError(f"action_kind must be 'discrete' or 'continuous', got {self.action_kind!r}")
+            raise ValueError(f"action_kind must be one of {list(ACTION_KINDS)}, got {self.action_kind!r}")
+        if self.action_nvec and self.action_kind != "factored":
+            raise ValueError(f"action_nvec is for factored actions only, got {self.action_nvec} with "
+                             f"{self.action_kind} actions")
 
     @property
     def is_image(self) -> bool:
@@ -155,24 +182,28 @@ class EnvSpec:
 
     @property
     def action_shape(self) -> tuple[int, ...]:
-        """Shape of ONE action inside the library: ``()`` (an index) discrete, ``(D,)`` continuous."""
+        """Shape of ONE action inside the library: ``()`` (an index) discrete, ``(D,)`` continuous and
+        factored."""
         return () if self.action_kind == "discrete" else (self.action_dim,)
 
     @property
     def action_dtype(self) -> str:
-        """numpy dtype name of actions inside the library: ``"int64"`` discrete, ``"float32"`` continuous."""
-        return "int64" if self.action_kind == "discrete" else "float32"
+        """numpy dtype name of actions inside the library: ``"float32"`` continuous, else ``"int64"``."""
+        return "float32" if self.action_kind == "continuous" else "int64"
 
     def random_actions(self, rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
         """Uniform random actions ``[*shape, *action_shape]`` (see :func:`random_actions`)."""
-        return random_actions(rng, shape, num_actions=self.num_actions, action_dim=self.action_dim)
+        return random_actions(
+            rng, shape, num_actions=self.num_actions, action_dim=self.action_dim, action_nvec=self.action_nvec
+        )
 
     def check_actions(self, actions: Any, batch_size: int, *, source: str = "policy.act") -> np.ndarray:
         """``actions`` as ``[batch_size, *action_shape]`` of :attr:`action_dtype`, or a ValueError saying
-        what ``source`` returned and what this env needs (continuous: finite and inside [-1, 1])."""
+        what ``source`` returned and what this env needs (continuous: finite and inside [-1, 1]; factored:
+        factor d in [0, nvec_d))."""
         arr = np.asarray(actions)
         want = (batch_size, *self.action_shape)
-        kind_ok = arr.dtype.kind in "iu" if self.action_kind == "discrete" else arr.dtype.kind == "f"
+        kind_ok = arr.dtype.kind == "f" if self.action_kind == "continuous" else arr.dtype.kind in "iu"
         if arr.shape != want or not kind_ok:
             raise ValueError(
                 f"{source} returned actions of shape {arr.shape} and dtype {arr.dtype}; "
@@ -183,11 +214,19 @@ class EnvSpec:
                 f"{source} returned continuous actions outside [-1, 1] (min {arr.min()}, max {arr.max()}); "
                 "actions inside the library live in [-1, 1] (the env wrapper maps them to the env's bounds)"
             )
+        nvec = np.array(self.action_nvec, dtype=np.int64)
+        if self.action_kind == "factored" and not (np.all(arr >= 0) and np.all(arr < nvec)):
+            raise ValueError(
+                f"{source} returned factored actions outside their factors' ranges (min "
+                f"{arr.min(0).tolist()}, max {arr.max(0).tolist()}); factor d takes 0 .. nvec_d - 1, "
+                f"nvec = {nvec.tolist()}"
+            )
         return arr.astype(self.action_dtype, copy=False)
 
     def env_action(self, action: Any) -> int | np.ndarray:
-        """One library action as the env takes it: a Python int (discrete) or an owned float32 ``[D]`` copy
-        (continuous; the env wrapper maps [-1, 1] to the env's bounds)."""
+        """One library action as the env takes it: a Python int (discrete), an owned float32 ``[D]`` copy
+        (continuous; the env wrapper maps [-1, 1] to the env's bounds) or an owned int64 ``[D]`` copy
+        (factored; the env wrapper gives it the env's own shape and start)."""
         if self.action_kind == "discrete":
             return int(action)
-        return np.array(action, dtype=np.float32).reshape(self.action_shape)
+        return np.array(action, dtype=self.action_dtype).reshape(self.action_shape)

@@ -31,7 +31,8 @@ Which tests pin which rule:
   ``mctx.muzero_policy`` with ``qtransform_by_parent_and_siblings`` (visit counts, executed action).
 * ``tests/test_gumbel_vs_mctx.py`` -- Gumbel against ``mctx.gumbel_muzero_policy`` (visit counts, executed
   action, improved policy): per-node completed-Q rescaling, sequential halving, most-visited final action.
-* ``tests/test_mcts.py``, ``tests/test_policy_stochastic_muzero.py``, ``tests/test_policy_gumbel_muzero.py``
+* ``tests/test_mcts.py``, ``tests/test_sampled_search.py``, ``tests/test_factored_actions.py``,
+  ``tests/test_policy_stochastic_muzero.py``, ``tests/test_policy_gumbel_muzero.py``
   -- kernels equal :mod:`.reference` bit for bit (batch independence, masks, ties, noise, chance sampling
   frequencies), plus a hand-computed Gumbel tree and the visit schedule table.
 

@@ -583,6 +583,57 @@ def reference_gumbel_search(
     )
 
 
+def _sample_factored(
+    params: list[float], *, nvec: tuple[int, ...], num_samples: int, uniform: np.ndarray,
+    factor_noise: np.ndarray | None, mix_weight: float, uniform_prior: bool,
+) -> tuple[list[list[int]], list[float]]:
+    """(factor indices per slot, score per slot): K independent draws from beta = prod_d beta_d by inverse
+    CDF with the uniforms ``uniform`` [K, D] (sampled_kernels rules)."""
+    starts = [sum(nvec[:d]) for d in range(len(nvec))]
+    lse, noise_total = [], []
+    for d, n in enumerate(nvec):
+        logits = params[starts[d] : starts[d] + n]
+        m = max(logits)
+        total = 0.0
+        for x in logits:
+            total += math.exp(x - m)
+        lse.append(m + math.log(total))
+        t = 0.0
+        if mix_weight > 0.0:
+            for v in range(n):
+                t += float(factor_noise[starts[d] + v])
+        noise_total.append(t)
+
+    def beta(d: int, v: int) -> float:
+        p = math.exp(params[starts[d] + v] - lse[d])
+        if mix_weight == 0.0:
+            return p
+        eta = float(factor_noise[starts[d] + v]) / noise_total[d] if noise_total[d] > 0.0 else 1.0 / nvec[d]
+        return (1.0 - mix_weight) * p + mix_weight * eta
+
+    actions, scores = [], []
+    for k in range(num_samples):
+        log_pi, log_beta, action = 0.0, 0.0, []
+        for d, n in enumerate(nvec):
+            cdf, pick, last = 0.0, -1, 0
+            for v in range(n):
+                q = beta(d, v)
+                if q > 0.0:
+                    last = v
+                cdf += q
+                if float(uniform[k, d]) < cdf:
+                    pick = v
+                    break
+            pick = last if pick < 0 else pick
+            log_pi += params[starts[d] + pick] - lse[d]
+            if mix_weight > 0.0:
+                log_beta += math.log(beta(d, pick))
+            action.append(pick)
+        actions.append(action)
+        scores.append(log_pi - log_beta if uniform_prior else log_pi)
+    return actions, scores
+
+
 def _sample_edges(
     params: list[float],
     *,
@@ -593,9 +644,19 @@ def _sample_edges(
     normal: np.ndarray,
     gumbel: np.ndarray,
     uniform_prior: bool,
+    nvec: tuple[int, ...] = (),
+    factor_noise: np.ndarray | None = None,
+    mix_weight: float = 0.0,
 ) -> tuple[list, list[float], int]:
-    """(actions per slot, priors per slot, number of valid slots) of one node (sampled_kernels rules)."""
-    if continuous:
+    """(actions per slot, priors per slot, number of valid slots) of one node (sampled_kernels rules; with
+    ``nvec``, factored draws whose uniforms are ``normal`` [K, D])."""
+    if nvec:
+        actions, scores = _sample_factored(
+            params, nvec=nvec, num_samples=num_samples, uniform=normal, factor_noise=factor_noise,
+            mix_weight=mix_weight, uniform_prior=uniform_prior,
+        )  # fmt: skip
+        num_valid = num_samples
+    elif continuous:
         actions, scores = [], []
         for k in range(num_samples):
             logp, action = 0.0, []
@@ -615,7 +676,7 @@ def _sample_edges(
         scores = [params[a] for a in actions]
         num_valid = len(actions)
         actions = actions + [0] * (num_samples - num_valid)
-    if uniform_prior:
+    if uniform_prior and mix_weight == 0.0:
         priors = [1.0 / num_valid] * num_valid
     else:
         priors = _softmax(scores)
@@ -636,6 +697,7 @@ def reference_sampled_search(
     rng: np.random.Generator,
     root_value: np.ndarray,
     action_dim: int = 1,
+    action_nvec: tuple[int, ...] = (),
     sampled_prior: str = "auto",
     pb_c_base: float = 19652.0,
     pb_c_init: float = 1.25,
@@ -650,28 +712,37 @@ def reference_sampled_search(
     counted visit and the backup as MuZero's); same arguments, randomness and output as
     :meth:`muzero_tune.mcts.sampled.SampledSearch.run`."""
     bsz, num_params = np.shape(root_policy_logits)
-    continuous = action_kind == "continuous"
-    num_env_actions = 1 if continuous else num_params
-    if continuous or legal_mask is None:
+    continuous, factored = action_kind == "continuous", action_kind == "factored"
+    nvec = tuple(int(n) for n in action_nvec) if factored else ()
+    action_dim = len(nvec) if factored else action_dim
+    num_env_actions = 1 if continuous or factored else num_params
+    if continuous or factored or legal_mask is None:
         legal_mask = np.ones((bsz, num_env_actions), dtype=bool)
     noise = rng.standard_gamma(dirichlet_alpha, size=(bsz, num_samples)) if add_noise else None
+    factor_noise = None
+    if add_noise and factored:
+        factor_noise = rng.standard_gamma(dirichlet_alpha, size=(bsz, num_params))
     rs = None if deterministic else np.random.RandomState(int(rng.integers(0, 2**31 - 1)))
 
     def draw() -> tuple[np.ndarray, np.ndarray]:
         if continuous:
             return rng.standard_normal(size=(bsz, num_samples, action_dim)), np.zeros((bsz, 1))
+        if factored:
+            return rng.random(size=(bsz, num_samples, action_dim)), np.zeros((bsz, 1))
         return np.zeros((bsz, num_samples, 1)), rng.gumbel(size=(bsz, num_env_actions))
 
     uniform_prior = resolved_sampled_prior(sampled_prior, action_kind) == "uniform"
     sampling = dict(continuous=continuous, num_samples=num_samples, action_dim=action_dim,
-                    uniform_prior=uniform_prior)  # fmt: skip
+                    uniform_prior=uniform_prior, nvec=nvec)  # fmt: skip
     normal, gumbel = draw()
     roots, bounds, slot_legal = [], [], []
     for b in range(bsz):
         params = [float(x) for x in root_policy_logits[b]]
         actions, priors, num_valid = _sample_edges(
-            params, legal=[bool(x) for x in legal_mask[b]], normal=normal[b], gumbel=gumbel[b], **sampling
-        )
+            params, legal=[bool(x) for x in legal_mask[b]], normal=normal[b], gumbel=gumbel[b],
+            factor_noise=None if factor_noise is None else factor_noise[b],
+            mix_weight=noise_weight if factor_noise is not None else 0.0, **sampling,
+        )  # fmt: skip
         valid = [k < num_valid for k in range(num_samples)]
         root, minmax = _make_root(logits=params, legal=valid, value=float(root_value[b]),
                                   latent=root_latent[b],
@@ -706,7 +777,7 @@ def reference_sampled_search(
                 slots.append(slot)
             parent_latent = torch.stack([p[-1].latent for p in paths])
             chosen = [paths[b][-1].actions[slots[b]] for b in range(bsz)]
-            actions = np.array(chosen, dtype=np.float32) if continuous else np.array(chosen, dtype=np.int64)
+            actions = np.array(chosen, dtype=np.float32 if continuous else np.int64)
             next_latent, reward, value, params = recurrent_fn(parent_latent, actions)
             normal, gumbel = draw()
             for b in range(bsz):
@@ -727,7 +798,7 @@ def reference_sampled_search(
         root_value=_root_value(roots),
         root_prior=np.array([r.priors for r in roots], dtype=np.float32),
         extras={
-            "sampled_actions": sampled.astype(np.float32) if continuous else sampled.astype(np.int64),
+            "sampled_actions": sampled.astype(np.float32 if continuous else np.int64),
             "sampled_mask": np.array(slot_legal),
         },
     )

@@ -3,26 +3,31 @@
 What this module owns
     :class:`SampledSearch`: MuZero's search (:class:`~muzero_tune.mcts.search.MuZeroSearch`, so pUCT,
     Dirichlet noise, the root's counted visit and the backup are the shared ones) over K actions sampled at
-    every expanded node, for continuous actions (a tanh-squashed Gaussian policy) and discrete ones (K
-    distinct actions by Gumbel-top-K). Its storage :class:`SampledTreeArrays`. The expansion rule is written
-    in :mod:`muzero_tune.mcts.sampled_kernels`; the plain-Python specification is
-    :func:`muzero_tune.mcts.reference.reference_sampled_search`.
+    every expanded node, for continuous actions (a tanh-squashed Gaussian policy), discrete ones (K
+    distinct actions by Gumbel-top-K) and factored ones (a ``MultiDiscrete`` taken by its factors: K
+    independent draws from a product of per-factor categoricals). Its storage :class:`SampledTreeArrays`.
+    The expansion rule is written in :mod:`muzero_tune.mcts.sampled_kernels`; the plain-Python
+    specification is :func:`muzero_tune.mcts.reference.reference_sampled_search`.
 
 Randomness (all from the caller's Generator, so a run is reproducible from its seed)
     Per :meth:`run`, in this order: if ``add_noise``, ``rng.standard_gamma(dirichlet_alpha, size=(B, K))``
-    (Dirichlet noise over the root's K edges); if not ``deterministic``, one ``rng.integers`` that seeds
-    numba's tie-break RNG; the root's sampling noise; then per simulation the new nodes' sampling noise.
-    Sampling noise is ``rng.standard_normal(size=(B, K, D))`` for continuous actions and
-    ``rng.gumbel(size=(B, A))`` for discrete ones.
+    (Dirichlet noise over the root's K edges) and, for factored actions,
+    ``rng.standard_gamma(dirichlet_alpha, size=(B, P))`` (each factor's Dirichlet draw, mixed into the
+    root's sampling distribution); if not ``deterministic``, one ``rng.integers`` that seeds numba's
+    tie-break RNG; the root's sampling noise; then per simulation the new nodes' sampling noise. Sampling
+    noise is ``rng.standard_normal(size=(B, K, D))`` for continuous actions, ``rng.gumbel(size=(B, A))``
+    for discrete ones and ``rng.random(size=(B, K, D))`` for factored ones.
 
 Interface
     ``root_policy_logits`` / the policy part of ``recurrent_fn``'s output are the policy's parameters
     ``[B, P]``: ``[mu (D), log_sigma (D)]`` for continuous actions (P = 2D), the logits for discrete ones
-    (P = A). ``recurrent_fn`` receives actions ``[B, D] float32`` in [-1, 1] (continuous) or ``[B] int64``
-    (discrete). The output's ``visit_counts`` / ``visit_distribution`` / ``root_prior`` are indexed by
-    sample slot ``[B, K]``; ``extras["sampled_actions"]`` maps slots to actions (``[B, K, D] float32`` or
-    ``[B, K] int64``) and ``extras["sampled_mask"]`` ``[B, K] bool`` marks the valid slots (fewer legal
-    actions than K leave root slots empty), so :func:`~muzero_tune.mcts.search.select_action` picks a slot.
+    (P = A), the factors' logits end to end for factored ones (P = sum(nvec)). ``recurrent_fn`` receives
+    actions ``[B, D] float32`` in [-1, 1] (continuous), ``[B] int64`` (discrete) or ``[B, D] int64`` factor
+    indices (factored). The output's ``visit_counts`` / ``visit_distribution`` / ``root_prior`` are indexed
+    by sample slot ``[B, K]``; ``extras["sampled_actions"]`` maps slots to actions (``[B, K, D] float32``,
+    ``[B, K] int64`` or ``[B, K, D] int64``) and ``extras["sampled_mask"]`` ``[B, K] bool`` marks the valid
+    slots (fewer legal actions than K leave root slots empty), so
+    :func:`~muzero_tune.mcts.search.select_action` picks a slot.
 """
 
 from __future__ import annotations
@@ -42,16 +47,20 @@ from muzero_tune.mcts.search import (
 from muzero_tune.mcts.tree import TreeArrays
 
 SAMPLED_PRIORS = ("auto", "uniform", "density")
-ACTION_KINDS = ("discrete", "continuous")
+ACTION_KINDS = tuple(smk.KIND_CODES)
 
 
 class SampledTreeArrays(TreeArrays):
     """:class:`TreeArrays` over K edges plus the sampled actions and staging (layout: sampled_kernels)."""
 
-    def __init__(self, *, num_samples: int, action_dim: int, num_env_actions: int, num_params: int) -> None:
+    def __init__(
+        self, *, num_samples: int, action_dim: int, num_env_actions: int, num_params: int,
+        num_factor_values: int = 1,
+    ) -> None:  # fmt: skip
         self.action_dim = int(action_dim)
         self.num_env_actions = int(num_env_actions)
         self.num_params = int(num_params)
+        self.num_factor_values = int(num_factor_values)
         super().__init__(num_actions=num_samples)
 
     def _allocate_extra(self, batch_capacity: int, node_capacity: int) -> None:
@@ -66,10 +75,12 @@ class SampledTreeArrays(TreeArrays):
         self.slot_score = np.zeros((bc, k), dtype=np.float64)
         self.root_params = np.zeros((bc, p), dtype=np.float64)
         self.leaf_params = np.zeros((bc, p), dtype=np.float64)
-        self.normal_noise = np.zeros((bc, k, d), dtype=np.float64)
+        self.slot_noise = np.zeros((bc, k, d), dtype=np.float64)
         self.gumbel_noise = np.zeros((bc, a), dtype=np.float64)
         self.action_legal = np.ones((bc, a), dtype=np.bool_)
         self.taken = np.zeros((bc, a), dtype=np.bool_)
+        self.factor_noise = np.zeros((bc, self.num_factor_values), dtype=np.float64)
+        self.factor_stats = np.zeros((bc, d, 2), dtype=np.float64)
 
 
 class SampledSearch(MuZeroSearch):
@@ -77,15 +88,17 @@ class SampledSearch(MuZeroSearch):
 
     Args (keyword-only, besides MuZero's pUCT and noise knobs):
         num_samples: K, the edges sampled at every node (discrete: at most the number of actions).
-        action_kind: ``"continuous"`` or ``"discrete"``.
-        action_dim: D, the continuous action size (1 for discrete).
-        num_actions: A, the number of discrete actions (ignored for continuous).
+        action_kind: ``"continuous"``, ``"discrete"`` or ``"factored"``.
+        action_dim: D, the continuous action size (1 for discrete; factored: taken from ``action_nvec``).
+        num_actions: A, the number of discrete actions (ignored for continuous and factored).
+        action_nvec: factored actions: each factor's number of values ``(n_1, ..., n_D)``.
         sampled_prior: ``"uniform"`` (1/K per sampled edge), ``"density"`` (pi renormalised over the
             sampled actions) or ``"auto"``: the prior that is right for each sampling scheme. Continuous
-            actions are K independent draws from pi, for which the paper's beta_hat / beta * pi is 1/K
-            (uniform). Discrete actions are K distinct actions drawn without replacement, where 1/K would
-            throw pi away (with K = A every action gets 1/K whatever pi says); pi renormalised over the
-            sample (density) is right there, and with K = A it is MuZero's prior exactly.
+            and factored actions are K independent draws from pi, for which the paper's beta_hat / beta * pi
+            is 1/K (uniform; at a factored exploring root, whose draws come from a noised beta, pi / beta
+            renormalised). Discrete actions are K distinct actions drawn without replacement, where 1/K
+            would throw pi away (with K = A every action gets 1/K whatever pi says); pi renormalised over
+            the sample (density) is right there, and with K = A it is MuZero's prior exactly.
     """
 
     def __init__(
@@ -96,6 +109,7 @@ class SampledSearch(MuZeroSearch):
         num_simulations: int,
         action_dim: int = 1,
         num_actions: int = 1,
+        action_nvec: tuple[int, ...] = (),
         sampled_prior: str = "auto",
         **knobs,
     ) -> None:
@@ -103,24 +117,36 @@ class SampledSearch(MuZeroSearch):
             raise ValueError(f"action_kind must be one of {list(ACTION_KINDS)}, got {action_kind!r}")
         if sampled_prior not in SAMPLED_PRIORS:
             raise ValueError(f"sampled_prior must be one of {list(SAMPLED_PRIORS)}, got {sampled_prior!r}")
-        continuous = action_kind == "continuous"
-        if num_samples < 1 or (not continuous and num_samples > num_actions):
+        continuous, factored = action_kind == "continuous", action_kind == "factored"
+        if num_samples < 1 or (action_kind == "discrete" and num_samples > num_actions):
             raise ValueError(
                 f"num_samples must be >= 1 (and <= num_actions = {num_actions} for discrete actions), "
                 f"got {num_samples}"
             )
         if action_dim < 1:
             raise ValueError(f"action_dim must be >= 1, got {action_dim}")
-        self.continuous = continuous
-        self.action_dim = int(action_dim) if continuous else 1
-        self.num_env_actions = 1 if continuous else int(num_actions)
-        self.num_params = 2 * self.action_dim if continuous else self.num_env_actions
+        nvec = tuple(int(n) for n in action_nvec)
+        if factored != bool(nvec) or (nvec and min(nvec) < 1):
+            raise ValueError(f"action_nvec must list each factor's size (>= 1) for factored actions only, "
+                             f"got {action_nvec!r} with {action_kind} actions")  # fmt: skip
+        self.continuous, self.factored = continuous, factored
+        self.kind_code = smk.KIND_CODES[action_kind]
+        self.action_nvec = nvec
+        self.action_dim = len(nvec) if factored else int(action_dim) if continuous else 1
+        self.num_env_actions = int(num_actions) if action_kind == "discrete" else 1
+        self.num_params = (
+            2 * self.action_dim if continuous else sum(nvec) if factored else self.num_env_actions
+        )
+        # factor d's size and where its logits start in the parameters (one dummy factor elsewhere)
+        self.factor_sizes = np.array(nvec or (1,), dtype=np.int64)
+        self.factor_starts = (np.cumsum(self.factor_sizes) - self.factor_sizes).astype(np.int64)
         self.sampled_prior = resolved_sampled_prior(sampled_prior, action_kind)
         tree = SampledTreeArrays(
             num_samples=num_samples,
             action_dim=self.action_dim,
             num_env_actions=self.num_env_actions,
             num_params=self.num_params,
+            num_factor_values=int(self.factor_sizes.sum()),
         )
         super().__init__(num_actions=num_samples, num_simulations=num_simulations, tree=tree, **knobs)
 
@@ -136,9 +162,9 @@ class SampledSearch(MuZeroSearch):
         check_finite_roots(root_policy_logits, root_value)
         t = self._tree
         t.ensure_capacity(batch_size=bsz, num_nodes=self._num_simulations + 1)
-        if self.continuous:
+        if self.continuous or self.factored:
             if legal_mask is not None and np.size(legal_mask) and not np.all(legal_mask):
-                raise ValueError("legal_mask must be None or all True for continuous actions")
+                raise ValueError("legal_mask must be None or all True for continuous and factored actions")
             t.action_legal[:bsz] = True
         else:
             legal_mask = np.asarray(legal_mask)
@@ -153,7 +179,9 @@ class SampledSearch(MuZeroSearch):
     def _draw_sampling_noise(self, bsz: int, rng: np.random.Generator) -> None:
         t = self._tree
         if self.continuous:
-            t.normal_noise[:bsz] = rng.standard_normal(size=(bsz, self._num_actions, self.action_dim))
+            t.slot_noise[:bsz] = rng.standard_normal(size=(bsz, self._num_actions, self.action_dim))
+        elif self.factored:
+            t.slot_noise[:bsz] = rng.random(size=(bsz, self._num_actions, self.action_dim))
         else:
             t.gumbel_noise[:bsz] = rng.gumbel(size=(bsz, self.num_env_actions))
 
@@ -161,6 +189,8 @@ class SampledSearch(MuZeroSearch):
         t = self._tree
         if add_noise:
             t.root_noise[:bsz] = rng.standard_gamma(self.dirichlet_alpha, size=(bsz, self._num_actions))
+            if self.factored:
+                t.factor_noise[:bsz] = rng.standard_gamma(self.dirichlet_alpha, size=(bsz, self.num_params))
         self._seed_numba(deterministic, rng)
         self._draw_sampling_noise(bsz, rng)
         self._rng = rng  # the expansions of this run draw their sampling noise from it
@@ -168,15 +198,23 @@ class SampledSearch(MuZeroSearch):
             t.children, t.prior, t.kind, t.visit_count, t.value_sum, t.reward, t.raw_value, t.min_value,
             t.max_value, t.root_legal, t.root_noise, t.root_value, t.node_actions, t.slot_score,
             t.root_params,
-            t.normal_noise, t.gumbel_noise, t.action_legal, t.taken, bsz, self._num_simulations + 1,
-            self._num_actions, self.action_dim, self.num_env_actions, self.continuous,
-            self.sampled_prior == "uniform", add_noise, self.noise_weight,
+            t.slot_noise, t.gumbel_noise, t.action_legal, t.taken, self.factor_sizes, self.factor_starts,
+            t.factor_noise, t.factor_stats, bsz, self._num_simulations + 1, self._num_actions,
+            self.action_dim, self.num_env_actions, self.kind_code, self.sampled_prior == "uniform", add_noise,
+            self.noise_weight,
         )  # fmt: skip
 
     def _env_actions(self, bsz: int, nodes: np.ndarray, slots: np.ndarray) -> np.ndarray:
-        """The actions of edges (nodes[b], slots[b]): [B, D] float32 or [B] int64."""
+        """The actions of edges (nodes[b], slots[b]): [B, D] float32, [B] int64 or [B, D] int64."""
         a = self._tree.node_actions[np.arange(bsz), nodes, slots]  # [B, D]
-        return a.astype(np.float32) if self.continuous else a[:, 0].astype(np.int64)
+        return self._library_actions(a)
+
+    def _library_actions(self, a: np.ndarray) -> np.ndarray:
+        """Stored actions [..., D] float64 -> the library's form: float32 [..., D] (continuous), int64 [...]
+        (discrete) or int64 [..., D] (factored)."""
+        if self.continuous:
+            return a.astype(np.float32)
+        return a.astype(np.int64) if self.factored else a[..., 0].astype(np.int64)
 
     def _expand(self, bsz, sim, recurrent_fn, **network_fns) -> None:
         t = self._tree
@@ -198,23 +236,23 @@ class SampledSearch(MuZeroSearch):
         head = (
             t.children, t.prior, t.kind, t.visit_count, t.value_sum, t.reward, t.raw_value, t.min_value,
             t.max_value, t.path, t.path_len, t.sel_parent, t.sel_action, t.leaf_reward, t.leaf_value,
-            t.node_actions, t.slot_score, t.leaf_params, t.normal_noise, t.gumbel_noise, t.action_legal,
-            t.taken,
+            t.node_actions, t.slot_score, t.leaf_params, t.slot_noise, t.gumbel_noise, t.action_legal,
+            t.taken, self.factor_sizes, self.factor_starts, t.factor_noise, t.factor_stats,
         )  # fmt: skip
-        tail = (bsz, self._num_actions, self.action_dim, self.num_env_actions, self.continuous,
+        tail = (bsz, self._num_actions, self.action_dim, self.num_env_actions, self.kind_code,
                 self.sampled_prior == "uniform", self.discount)  # fmt: skip
         return lambda sim: kernel(*head, sim + 1, *tail)
 
     def _extras(self, bsz: int, visit_counts: np.ndarray) -> dict[str, np.ndarray]:
         t = self._tree
-        actions = t.node_actions[:bsz, 0]  # [B, K, D]
-        sampled = actions.astype(np.float32) if self.continuous else actions[..., 0].astype(np.int64)
+        sampled = self._library_actions(t.node_actions[:bsz, 0])  # from [B, K, D]
         return {"sampled_actions": sampled, "sampled_mask": t.root_legal[:bsz].copy()}
 
 
 def resolved_sampled_prior(sampled_prior: str, action_kind: str) -> str:
     """``"uniform"`` or ``"density"``: ``sampled_prior`` with ``"auto"`` resolved for ``action_kind``
-    (uniform for continuous draws, density for discrete samples without replacement)."""
+    (uniform for independent continuous and factored draws, density for discrete samples without
+    replacement)."""
     if sampled_prior != "auto":
         return sampled_prior
-    return "uniform" if action_kind == "continuous" else "density"
+    return "density" if action_kind == "discrete" else "uniform"

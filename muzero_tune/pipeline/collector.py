@@ -50,6 +50,7 @@ def env_factory(
             kwargs=ec.kwargs,
             wrappers=ec.wrappers,
             render_mode=render_mode,
+            multi_discrete_actions=ec.multi_discrete_actions,
         )
 
     return make

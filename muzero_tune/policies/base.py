@@ -29,19 +29,20 @@ its targets then get, with each bootstrap and reanalyze position, the H steps be
 context acting used. Its ``reanalyze`` takes them as ``past``; H = 0 (the default) passes nothing.
 
 Actions. A policy type declares the env action kinds it supports in :attr:`Policy.action_kinds`
-(``EnvSpec.action_kind`` values: ``"discrete"``, ``"continuous"``); :func:`check_action_kind` refuses any
-other env before anything starts (the drivers and the CLI call it through
+(``EnvSpec.action_kind`` values: ``"discrete"``, ``"continuous"``, ``"factored"``); :func:`check_action_kind`
+refuses any other env before anything starts (the drivers and the CLI call it through
 ``pipeline.core.check_policy_env``; :meth:`Policy.__init__` calls it too). Actions are in the library's form,
 ``EnvSpec.action_shape`` / ``EnvSpec.action_dtype``:
 
-* ``act`` returns ``ActOutput.actions`` ``[B]`` int64 (discrete) or ``[B, D]`` float32 in [-1, 1]
-  (continuous; an env wrapper maps them to the env's bounds, see :mod:`muzero_tune.envs.actions`);
+* ``act`` returns ``ActOutput.actions`` ``[B]`` int64 (discrete), ``[B, D]`` float32 in [-1, 1]
+  (continuous; an env wrapper maps them to the env's bounds, see :mod:`muzero_tune.envs.actions`) or
+  ``[B, D]`` int64 factor indices (factored: a ``MultiDiscrete`` taken by its factors);
 * segments store ``actions`` ``[M]`` / ``[M, D]``; ``make_batch`` (``replay.targets.make_batch`` with
-  ``action_dim=spec.action_dim``) gives the learner ``TrainBatch.actions`` ``[B, K]`` int64 /
-  ``[B, K, D]`` float32: the actions a_t..a_{t+K-1} the unroll takes.
-* a continuous policy's per-step statistics (e.g. its sampled actions ``[K, D]`` and their visit
+  ``action_dim=spec.action_dim``, ``action_nvec=spec.action_nvec``) gives the learner ``TrainBatch.actions``
+  ``[B, K]`` int64 / ``[B, K, D]`` float32 / ``[B, K, D]`` int64: the actions a_t..a_{t+K-1} the unroll takes.
+* a continuous or factored policy's per-step statistics (e.g. its sampled actions ``[K, D]`` and their visit
   distribution ``child_visits`` ``[K]``) go in ``step_stats`` like any other; ``legal_mask`` is
-  ``[B, 0]`` for continuous envs (there is nothing to mask).
+  ``[B, 0]`` for continuous and factored envs (there is nothing to mask).
 """
 
 from __future__ import annotations
@@ -362,5 +363,5 @@ def check_action_kind(
         "env.env_id",
         spec.env_id,
         f"policy.type '{policy_type}' supports {' or '.join(kinds) or 'no'} actions and this env has "
-        f"{spec.action_kind} actions{others}",
+        f"{spec.action_kind} actions{f' ({spec.action_note})' if spec.action_note else ''}{others}",
     )

@@ -200,6 +200,7 @@ class MuZeroPolicy(Policy):
             discount=self.cfg.mcts.discount,
             num_actions=self.spec.num_actions,
             action_dim=self.spec.action_dim,  # continuous: actions [B, K, D] float32
+            action_nvec=self.spec.action_nvec,  # factored: actions [B, K, D] int64
             value_fn=self.value_fn(target_model),
             rng=rng,
             all_obs=self.cfg.learn.ssl_loss_weight > 0,

@@ -1,4 +1,5 @@
-"""Sampled MuZero and Sampled EfficientZero (Hubert et al. 2021) as policy plug-ins, discrete or continuous.
+"""Sampled MuZero and Sampled EfficientZero (Hubert et al. 2021) as policy plug-ins: discrete, continuous or
+factored actions (a ``MultiDiscrete`` taken by its factors).
 
 What differs from :class:`~muzero_tune.policies.muzero.MuZeroPolicy` /
 :class:`~muzero_tune.policies.efficientzero.EfficientZeroPolicy` (everything else is inherited; the sampled
@@ -6,21 +7,26 @@ part is one mixin, :class:`SampledPolicyMixin`, so both types share it):
 
 * **Search** -- :class:`~muzero_tune.mcts.sampled.SampledSearch`: K = ``policy.num_samples`` actions
   sampled at every node (tanh-Gaussian for continuous actions, Gumbel-top-K without replacement for
-  discrete ones), pUCT with ``policy.sampled_prior`` (``auto``, the default: 1/K for continuous draws,
-  the paper's beta_hat/beta*pi for independent samples from pi; pi renormalised over the K distinct discrete
-  actions, drawn without replacement), Dirichlet noise over the K edges.
+  discrete ones, independent draws from the product of per-factor categoricals for factored ones), pUCT
+  with ``policy.sampled_prior`` (``auto``, the default: 1/K for continuous and factored draws, the paper's
+  beta_hat/beta*pi for independent samples from pi; pi renormalised over the K distinct discrete actions,
+  drawn without replacement), Dirichlet noise over the K edges (factored actions: also mixed into each
+  factor's distribution for the root's draws).
 * **Model** -- discrete: the type's usual network (logits over A). Continuous: the MLP network with the
   action vector as dynamics input and a Gaussian head ``[mu, log_sigma]``
-  (:mod:`muzero_tune.models.sampled_net`).
+  (:mod:`muzero_tune.models.sampled_net`). Factored: the network with the factors' logits end to end
+  (sum(nvec) of them) and the one-hot per factor as dynamics input (:mod:`muzero_tune.models.factored_net`).
 * **Stored per step** -- ``child_visits`` [K] (the visit distribution over the K sampled slots: the policy
-  target), ``sampled_actions`` [K, D] float32 (continuous) / [K] int64 (discrete), ``root_value``,
-  ``legal_mask``. Reanalyze replaces both ``child_visits`` and ``sampled_actions``.
+  target), ``sampled_actions`` [K, D] float32 (continuous) / [K] int64 (discrete) / [K, D] int64
+  (factored), ``root_value``, ``legal_mask``. Reanalyze replaces both ``child_visits`` and
+  ``sampled_actions``.
 * **Acting** -- collect samples a slot with probability proportional to visits^(1/T); evaluation takes the
   most-visited slot. The env action is that slot's sampled action.
 * **Policy loss** -- at every unroll step ``-sum_k p_k log pi(a_k)`` over the stored slots (continuous: the
   tanh-Gaussian log-density, checked against torch's ``TransformedDistribution``; discrete: log-softmax at
-  the sampled ids), minus ``policy.policy_entropy_weight`` x the policy's entropy (pre-tanh Gaussian /
-  categorical).
+  the sampled ids; factored: the joint log-probability, the sum over factors of each factor's log-softmax at
+  its index), minus ``policy.policy_entropy_weight`` x the policy's entropy (pre-tanh Gaussian / categorical
+  / the sum of the factors' entropies).
 """
 
 from __future__ import annotations
@@ -31,6 +37,13 @@ import torch.nn.functional as F
 
 from muzero_tune.errors import ConfigError
 from muzero_tune.mcts.sampled import SampledSearch
+from muzero_tune.models.factored_net import (
+    ConvFactoredMuZeroNet,
+    MLPFactoredEfficientZeroNet,
+    MLPFactoredMuZeroNet,
+    factored_entropy,
+    factored_log_prob,
+)
 from muzero_tune.models.sampled_net import (
     ConvGaussianMuZeroNet,
     MLPGaussianEfficientZeroNet,
@@ -48,7 +61,7 @@ SAMPLED_ACTIONS = "sampled_actions"
 class SampledPolicyMixin:
     """The sampled part of a MuZero-style policy (module docstring); put it before the base policy class."""
 
-    action_kinds = ("discrete", "continuous")
+    action_kinds = ("discrete", "continuous", "factored")
 
     def __init__(self, cfg, spec):
         if spec.action_kind == "discrete" and cfg.policy.num_samples > spec.num_actions:
@@ -61,13 +74,18 @@ class SampledPolicyMixin:
     def continuous(self) -> bool:
         return self.spec.action_kind == "continuous"
 
+    @property
+    def factored(self) -> bool:
+        return self.spec.action_kind == "factored"
+
     def make_search(self):
         knobs = self.search_knobs()
-        knobs["num_actions"] = 1 if self.continuous else self.spec.num_actions
+        knobs["num_actions"] = self.spec.num_actions if self.spec.action_kind == "discrete" else 1
         return SampledSearch(
             num_samples=self.cfg.policy.num_samples,
             action_kind=self.spec.action_kind,
             action_dim=max(1, self.spec.action_dim),
+            action_nvec=self.spec.action_nvec,
             sampled_prior=self.cfg.policy.sampled_prior,
             **knobs,
         )
@@ -75,8 +93,39 @@ class SampledPolicyMixin:
     def _continuous_network(self) -> type:
         raise NotImplementedError
 
+    def _factored_network(self) -> type:
+        raise NotImplementedError
+
     def build_model(self) -> torch.nn.Module:
-        return self._build_continuous_model() if self.continuous else super().build_model()
+        if self.continuous:
+            return self._build_continuous_model()
+        return self._build_factored_model() if self.factored else super().build_model()
+
+    def _factored_conv_network(self) -> type | None:
+        """The network for image observations and factored actions (None: this type has none)."""
+        return None
+
+    def _build_factored_model(self) -> torch.nn.Module:
+        """The network for factored actions: the base type's network with the factors' logits end to end as
+        its policy and the one-hot per factor as its dynamics input (:meth:`_factored_network`; for image
+        observations :meth:`_factored_conv_network`)."""
+        mc, nvec = self.cfg.model, self.spec.action_nvec
+        sizes = dict(value_support_size=mc.value_support_size, reward_support_size=mc.reward_support_size,
+                     projection_dim=mc.projection_dim)  # fmt: skip
+        if mc.kind == "conv":
+            conv = self._factored_conv_network()
+            if conv is None:
+                raise ConfigError("model.kind", mc.kind, f"{self.name} has no conv network for factored "
+                                  "actions yet: use sampled_muzero for images with factored actions")
+            return conv(
+                nvec=nvec, obs_shape=tuple(self.spec.obs_shape), num_channels=mc.num_channels,
+                num_res_blocks=mc.num_res_blocks, downsample=mc.downsample, **sizes,
+            )  # fmt: skip
+        extra = {"lstm_hidden_size": self.cfg.policy.lstm_hidden_size} if self._uses_lstm() else {}
+        return self._factored_network()(
+            nvec=nvec, obs_dim=int(np.prod(self.spec.obs_shape)), latent_dim=mc.latent_dim,
+            hidden_dim=mc.hidden_dim, num_hidden_layers=mc.num_hidden_layers, **sizes, **extra,
+        )  # fmt: skip
 
     def _continuous_conv_network(self) -> type | None:
         """The network for image observations and continuous actions (None: this type has none)."""
@@ -120,7 +169,7 @@ class SampledPolicyMixin:
         return (*super().step_stat_names(), SAMPLED_ACTIONS)
 
     def edge_actions(self, out, edges: np.ndarray) -> np.ndarray:
-        """The chosen slots' sampled actions: [B, D] float32 or [B] int64."""
+        """The chosen slots' sampled actions: [B, D] float32, [B] int64 or [B, D] int64 (factored)."""
         return out.extras[SAMPLED_ACTIONS][np.arange(len(edges)), edges]
 
     def step_stats(self, out, legal_mask) -> dict[str, np.ndarray]:
@@ -152,12 +201,15 @@ class SampledPolicyMixin:
 
     def policy_cross_entropy(self, policy_logits, batch: TrainBatch, k: int, target: torch.Tensor):
         """[B] ``-sum_slots p_slot log pi(a_slot)`` at unroll step k: ``policy_logits`` [B, P] (Gaussian
-        params [B, 2D] or logits [B, A]), ``target`` [B, K] the visit distribution over the K slots whose
-        actions are ``batch.extras["sampled_actions"][:, k]`` ([B, K, D] float32 or [B, K] int64; empty
-        slots hold action 0 with target 0, so every batch has one fixed shape)."""
+        params [B, 2D], logits [B, A], or the factors' logits [B, sum(nvec)]), ``target`` [B, K] the visit
+        distribution over the K slots whose actions are ``batch.extras["sampled_actions"][:, k]`` ([B, K, D]
+        float32, [B, K] int64 or [B, K, D] int64; empty slots hold action 0 with target 0, so every batch
+        has one fixed shape)."""
         actions = torch.as_tensor(batch.extras[SAMPLED_ACTIONS][:, k], device=policy_logits.device)
         if self.continuous:
             log_prob = tanh_gaussian_log_prob(policy_logits, actions)  # [B, K], in at least fp32
+        elif self.factored:
+            log_prob = factored_log_prob(policy_logits, actions, self.spec.action_nvec)  # [B, K], >= fp32
         else:
             log_prob = F.log_softmax(policy_logits, dim=-1).gather(-1, actions.long())  # [B, K]
         return -(target * log_prob).sum(-1)
@@ -165,6 +217,8 @@ class SampledPolicyMixin:
     def policy_entropy(self, policy_logits: torch.Tensor) -> torch.Tensor:
         if self.continuous:
             return gaussian_entropy(policy_logits.float())
+        if self.factored:
+            return factored_entropy(policy_logits, self.spec.action_nvec)
         return super().policy_entropy(policy_logits)
 
 
@@ -179,6 +233,12 @@ class SampledMuZeroPolicy(SampledPolicyMixin, MuZeroPolicy):
     def _continuous_conv_network(self) -> type | None:
         return ConvGaussianMuZeroNet
 
+    def _factored_network(self) -> type:
+        return MLPFactoredMuZeroNet
+
+    def _factored_conv_network(self) -> type | None:
+        return ConvFactoredMuZeroNet
+
 
 class SampledEfficientZeroPolicy(SampledPolicyMixin, EfficientZeroPolicy):
     """Sampled EfficientZero: EfficientZero's value-prefix LSTM with the sampled search."""
@@ -187,6 +247,9 @@ class SampledEfficientZeroPolicy(SampledPolicyMixin, EfficientZeroPolicy):
 
     def _continuous_network(self) -> type:
         return MLPGaussianEfficientZeroNet
+
+    def _factored_network(self) -> type:
+        return MLPFactoredEfficientZeroNet
 
     def _uses_lstm(self) -> bool:
         return True

@@ -384,6 +384,7 @@ class UniZeroPolicy(MuZeroPolicy):
             discount=self.cfg.mcts.discount,
             num_actions=self.spec.num_actions,
             action_dim=self.spec.action_dim,
+            action_nvec=self.spec.action_nvec,
             value_fn=self.value_fn(target_model),
             rng=rng,
             all_obs=True,  # teacher forcing reads every observation of the unroll

@@ -13,8 +13,8 @@ transitions (real + true-continuation padding) and observations 0..M.
 - policy target: the stored (or reanalyzed) visit distribution at i, ``[A]`` for discrete policies or
   over whatever the policy stored in ``child_visits`` (e.g. its K sampled actions); past M masked.
 - actions a_{t+k}, k = 0..K-1 (what the learner unrolls with), in the library's form: ``[B, K]`` int64
-  (discrete) or ``[B, K, D]`` float32 in [-1, 1] (continuous, ``action_dim`` = D > 0); past M uniform
-  random (their targets are absorbing or masked).
+  (discrete), ``[B, K, D]`` float32 in [-1, 1] (continuous, ``action_dim`` = D > 0) or ``[B, K, D]`` int64
+  factor indices (factored, ``action_nvec``); past M uniform random (their targets are absorbing or masked).
 
 Bootstrap values come from ``value_fn`` (the target model, supplied by the policy), called here or -- with
 ``defer_bootstrap`` -- by the learner at the start of its step (:class:`Bootstrap`). A policy that evaluates
@@ -233,6 +233,7 @@ def make_batch(
     reanalyze_fn: ReanalyzeFn | None = None,
     extra_stats: tuple[str, ...] = (),
     action_dim: int = 0,
+    action_nvec: tuple[int, ...] = (),
     defer_bootstrap: bool = False,
     context_steps: int = 0,
 ) -> TrainBatch:
@@ -246,7 +247,8 @@ def make_batch(
     policy, chance codes) gathered at t..t+K into ``extras[name]`` [B, K+1, ...], zero past the stored data
     (``policy_mask`` says where they are real). ``action_dim``: 0 for discrete actions (``num_actions``
     indices, ``actions`` [B, K] int64); D > 0 for continuous ones (``actions`` [B, K, D] float32 -- pass
-    ``EnvSpec.action_dim``). ``td_steps``: the n of every sample's value targets, or [B] int64 one per
+    ``EnvSpec.action_dim``); ``action_nvec``: factored actions (``actions`` [B, K, D] int64 -- pass
+    ``EnvSpec.action_nvec``). ``td_steps``: the n of every sample's value targets, or [B] int64 one per
     sample (:func:`off_policy_td_steps`). ``defer_bootstrap``: leave the bootstrap values to whoever trains
     on the batch (``batch.bootstrap``, resolved by :func:`resolve_bootstrap`; ``target_value`` is NaN until
     then) instead of calling ``value_fn`` here. ``context_steps`` H > 0: ``value_fn`` and ``reanalyze_fn``
@@ -268,7 +270,9 @@ def make_batch(
     width = k_steps + td  # reward window: r_{t} .. r_{t+K+td-1}
     n_obs = k_steps + 1 if all_obs else 1
     # random past the data; drawn before anything else so discrete batches keep their RNG stream
-    actions = random_actions(rng, (bsz, k_steps), num_actions=num_actions, action_dim=action_dim)
+    actions = random_actions(
+        rng, (bsz, k_steps), num_actions=num_actions, action_dim=action_dim, action_nvec=action_nvec
+    )
     segs = sample.segments
     stored_shape = segs[0].actions.shape[1:]
     if stored_shape != actions.shape[2:]:
