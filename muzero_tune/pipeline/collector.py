@@ -2,6 +2,13 @@
 
 It owns its environments and one :class:`SegmentBuilder` per environment; both live across ``collect()``
 calls, so in-flight segments are never dropped and every segment is padded with its true continuation.
+
+Episode j of env i is reset with its own seed (:func:`episode_seed`) and the collector keeps the actions of
+each env's current episode, so an env's state is that seed plus those actions.
+:meth:`SegmentCollector.state_dict` saves them with the builders' in-flight traces, the acting state and the
+collector's RNG, and :meth:`SegmentCollector.load_state_dict` replays each in-flight episode (gymnasium's
+contract: a seeded reset and the same actions give the same trajectory) and checks that the replay reached
+the saved observation, so a resumed sync run continues its episodes exactly.
 The weights used are fixed for a whole ``collect()`` call (the caller passes the model), and every result
 carries the version of those weights. It never touches the replay buffer.
 
@@ -12,6 +19,7 @@ against that form every step, so a policy of the wrong kind fails at its first s
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Callable
@@ -26,6 +34,8 @@ from muzero_tune.envs.spec import EnvSpec
 from muzero_tune.pipeline.messages import CollectResult
 from muzero_tune.policies.base import Policy
 from muzero_tune.replay.segment import GameSegment, SegmentBuilder
+
+log = logging.getLogger("muzero_tune")
 
 
 def env_factory(
@@ -53,6 +63,16 @@ def env_factory(
         )
 
     return make
+
+
+def episode_seed(seed: int, env_index: int, episode_index: int) -> int:
+    """The reset seed of episode ``episode_index`` (0-based) of env ``env_index`` of a collector seeded
+    ``seed``: the env's construction seed ``seed + env_index`` for its first episode (a collector's envs are
+    built with those), then a 32-bit seed drawn from ``SeedSequence([seed, env_index, episode_index])``, so
+    no two episodes of a run share a seed by construction and each can be replayed from its seed alone."""
+    if episode_index == 0:
+        return int(seed) + int(env_index)
+    return int(np.random.SeedSequence([int(seed), int(env_index), int(episode_index)]).generate_state(1)[0])
 
 
 def visit_temperature(cfg: ExperimentConfig, train_iter: int) -> float:
@@ -83,6 +103,7 @@ class SegmentCollector:
         self.spec = spec
         self.actor_id = actor_id
         self.num_envs = num_envs or cfg.env.collector_env_num
+        self.seed = int(seed)
         make = make or env_factory(cfg)
         self.envs = [make(seed + i) for i in range(self.num_envs)]
         rc = cfg.replay
@@ -106,11 +127,17 @@ class SegmentCollector:
         self.total_envsteps = 0
         self._act_state = policy.initial_act_state(self.num_envs)
         self._env_index = np.arange(self.num_envs)
+        # each env's current episode: the seed it was reset with and the actions taken since (library form)
+        self._episode_seeds = np.zeros(self.num_envs, dtype=np.int64)
+        self._episode_actions: list[list[int | np.ndarray]] = [[] for _ in range(self.num_envs)]
         for i in range(self.num_envs):
             self._reset_env(i)
 
     def _reset_env(self, i: int) -> None:
-        frame, info = self.envs[i].reset()
+        seed = episode_seed(self.seed, i, self.builders[i].episode_index + 1)
+        frame, info = self.envs[i].reset(seed=seed)
+        self._episode_seeds[i] = seed
+        self._episode_actions[i] = []
         self.builders[i].reset(np.asarray(frame))
         self._masks[i] = action_mask_from_info(info, self.spec.num_actions)
         self._returns[i] = 0.0
@@ -148,6 +175,7 @@ class SegmentCollector:
             actions = self.spec.check_actions(act.actions, self.num_envs)  # [B] int64 or [B, D] float32
             for i, env in enumerate(self.envs):
                 a = self.spec.env_action(actions[i])
+                self._episode_actions[i].append(a)
                 frame, reward, terminated, truncated, info = env.step(a)
                 stats = {k: v[i] for k, v in act.step_stats.items()}
                 pri = abs(float(act.root_value[i]) - float(act.predicted_value[i])) + 1e-6
@@ -183,6 +211,79 @@ class SegmentCollector:
             search_s=search_s,
             actor_id=self.actor_id,
         )
+
+    def state_dict(self) -> dict:
+        """Everything a resumed collector needs to go on as this one would (numpy arrays and builtins, no
+        env objects): the RNG, each env's episode seed and actions so far, its builder's in-flight trace,
+        its action mask, return and length so far, and the policy's acting state."""
+        return {
+            "num_envs": self.num_envs,
+            "rng": self.rng.bit_generator.state,
+            "total_envsteps": self.total_envsteps,
+            "masks": self._masks.copy(),
+            "returns": self._returns.copy(),
+            "lengths": self._lengths.copy(),
+            "episode_seeds": self._episode_seeds.copy(),
+            "episode_actions": [self._actions_array(a) for a in self._episode_actions],
+            "builders": [b.state_dict() for b in self.builders],
+            "act_state": self.policy.save_act_state(self._act_state),
+        }
+
+    def _actions_array(self, actions: list) -> np.ndarray:
+        """One env's episode actions as ``[T, *action_shape]`` of the action dtype."""
+        dtype = np.dtype(self.spec.action_dtype)
+        return np.asarray(actions, dtype=dtype).reshape(len(actions), *self.spec.action_shape)
+
+    def load_state_dict(self, state: dict, *, device: torch.device | str = "cpu") -> int:
+        """Continue from :meth:`state_dict`: each env's in-flight episode is replayed from its seed with its
+        actions so far, and must end at the saved observation and action mask. An env whose replay does not
+        (an env that is not reproducible from its seed) or a saved state of another number of envs starts
+        new episodes instead, with a warning, dropping those in-flight transitions. ``device``: where the
+        acting state's tensors go (the acting model's). Returns the envs continued exactly."""
+        if int(state["num_envs"]) != self.num_envs:
+            log.warning(
+                "the checkpoint's collector had %d envs, this one has %d: its in-flight episodes are not "
+                "continued (new episodes start)", int(state["num_envs"]), self.num_envs,
+            )  # fmt: skip
+            return 0
+        self.rng.bit_generator.state = state["rng"]
+        self.total_envsteps = int(state["total_envsteps"])
+        self._act_state = self.policy.load_act_state(state["act_state"], self.num_envs, device=device)
+        continued = 0
+        for i in range(self.num_envs):
+            self.builders[i].load_state_dict(state["builders"][i])
+            self._masks[i] = np.asarray(state["masks"][i])
+            self._returns[i] = float(state["returns"][i])
+            self._lengths[i] = int(state["lengths"][i])
+            seed, actions = int(state["episode_seeds"][i]), np.asarray(state["episode_actions"][i])
+            problem = self._replay_episode(i, seed, actions)
+            if problem is None:
+                continued += 1
+                continue
+            log.warning("collector env %d: its in-flight episode is not continued (%s); it starts a new one",
+                        i, problem)  # fmt: skip
+            self.builders[i].drop_in_flight()
+            self._reset_env(i)
+        return continued
+
+    def _replay_episode(self, i: int, seed: int, actions: np.ndarray) -> str | None:
+        """Reset env ``i`` with ``seed`` and step it with ``actions`` [T, *action_shape]; None when it ends
+        at the builder's current observation and the saved action mask, else what differs."""
+        env = self.envs[i]
+        frame, info = env.reset(seed=seed)
+        self._episode_seeds[i] = seed
+        self._episode_actions[i] = []
+        for t, action in enumerate(actions):
+            a = self.spec.env_action(action)
+            frame, _, terminated, truncated, info = env.step(a)
+            self._episode_actions[i].append(a)
+            if terminated or truncated:  # a saved episode is in flight: it never ended
+                return f"the replay ended its episode after {t + 1} of {len(actions)} steps"
+        if not np.array_equal(np.asarray(frame), self.builders[i].current_frames()[-1]):
+            return f"the replay from seed {seed} with {len(actions)} actions reached another observation"
+        if not np.array_equal(action_mask_from_info(info, self.spec.num_actions), self._masks[i]):
+            return f"the replay from seed {seed} with {len(actions)} actions has another action mask"
+        return None
 
     def close(self) -> None:
         for env in self.envs:
