@@ -3,12 +3,16 @@
 It owns its environments and one :class:`SegmentBuilder` per environment; both live across ``collect()``
 calls, so in-flight segments are never dropped and every segment is padded with its true continuation.
 
-Episode j of env i is reset with its own seed (:func:`episode_seed`) and the collector keeps the actions of
-each env's current episode, so an env's state is that seed plus those actions.
-:meth:`SegmentCollector.state_dict` saves them with the builders' in-flight traces, the acting state and the
-collector's RNG, and :meth:`SegmentCollector.load_state_dict` replays each in-flight episode (gymnasium's
-contract: a seeded reset and the same actions give the same trajectory) and checks that the replay reached
-the saved observation, so a resumed sync run continues its episodes exactly.
+Each env's first episode is reset with the env's construction seed and later ones continue the env's RNG
+stream (gymnasium's ``np_random``); the collector keeps, per env, how its current episode started (that
+seed, or the ``np_random`` state just before the reset) and the actions taken since, so an env's state is
+those two things. :meth:`SegmentCollector.state_dict` saves them with the builders' in-flight traces, the
+acting state and the collector's RNG, and :meth:`SegmentCollector.load_state_dict` replays each in-flight
+episode (gymnasium's contract: the same start and the same actions give the same trajectory) and checks
+that the replay reached the saved observation and action mask, so a resumed sync run continues its
+episodes exactly. An env with randomness of its own beside ``np_random`` (the ALE's emulator, for one)
+fails that check or continues another future; the first starts a new episode, with a warning.
+
 The weights used are fixed for a whole ``collect()`` call (the caller passes the model), and every result
 carries the version of those weights. It never touches the replay buffer.
 
@@ -65,16 +69,6 @@ def env_factory(
     return make
 
 
-def episode_seed(seed: int, env_index: int, episode_index: int) -> int:
-    """The reset seed of episode ``episode_index`` (0-based) of env ``env_index`` of a collector seeded
-    ``seed``: the env's construction seed ``seed + env_index`` for its first episode (a collector's envs are
-    built with those), then a 32-bit seed drawn from ``SeedSequence([seed, env_index, episode_index])``, so
-    no two episodes of a run share a seed by construction and each can be replayed from its seed alone."""
-    if episode_index == 0:
-        return int(seed) + int(env_index)
-    return int(np.random.SeedSequence([int(seed), int(env_index), int(episode_index)]).generate_state(1)[0])
-
-
 def visit_temperature(cfg: ExperimentConfig, train_iter: int) -> float:
     """Visit-count temperature for collection at ``train_iter``."""
     cc = cfg.collect
@@ -127,16 +121,22 @@ class SegmentCollector:
         self.total_envsteps = 0
         self._act_state = policy.initial_act_state(self.num_envs)
         self._env_index = np.arange(self.num_envs)
-        # each env's current episode: the seed it was reset with and the actions taken since (library form)
-        self._episode_seeds = np.zeros(self.num_envs, dtype=np.int64)
+        # how each env's current episode started (the reset's seed, -1: none; else the env's np_random state
+        # before the reset) and the actions it has taken since, as the env received them
+        self._episode_seeds = np.full(self.num_envs, -1, dtype=np.int64)
+        self._episode_rngs: list[dict] = [{} for _ in range(self.num_envs)]
         self._episode_actions: list[list[int | np.ndarray]] = [[] for _ in range(self.num_envs)]
         for i in range(self.num_envs):
             self._reset_env(i)
 
     def _reset_env(self, i: int) -> None:
-        seed = episode_seed(self.seed, i, self.builders[i].episode_index + 1)
-        frame, info = self.envs[i].reset(seed=seed)
-        self._episode_seeds[i] = seed
+        env = self.envs[i]
+        if self.builders[i].episode_index < 0:  # the first episode: the env's construction seed
+            seed, rng = self.seed + i, {}
+        else:  # later ones go on with the env's RNG stream: its state now is where this episode starts
+            seed, rng = -1, env.np_random.bit_generator.state
+        frame, info = env.reset(seed=None if seed < 0 else seed)
+        self._episode_seeds[i], self._episode_rngs[i] = seed, rng
         self._episode_actions[i] = []
         self.builders[i].reset(np.asarray(frame))
         self._masks[i] = action_mask_from_info(info, self.spec.num_actions)
@@ -224,6 +224,7 @@ class SegmentCollector:
             "returns": self._returns.copy(),
             "lengths": self._lengths.copy(),
             "episode_seeds": self._episode_seeds.copy(),
+            "episode_rngs": list(self._episode_rngs),
             "episode_actions": [self._actions_array(a) for a in self._episode_actions],
             "builders": [b.state_dict() for b in self.builders],
             "act_state": self.policy.save_act_state(self._act_state),
@@ -255,8 +256,8 @@ class SegmentCollector:
             self._masks[i] = np.asarray(state["masks"][i])
             self._returns[i] = float(state["returns"][i])
             self._lengths[i] = int(state["lengths"][i])
-            seed, actions = int(state["episode_seeds"][i]), np.asarray(state["episode_actions"][i])
-            problem = self._replay_episode(i, seed, actions)
+            start = (int(state["episode_seeds"][i]), state["episode_rngs"][i])
+            problem = self._replay_episode(i, start, np.asarray(state["episode_actions"][i]))
             if problem is None:
                 continued += 1
                 continue
@@ -266,12 +267,19 @@ class SegmentCollector:
             self._reset_env(i)
         return continued
 
-    def _replay_episode(self, i: int, seed: int, actions: np.ndarray) -> str | None:
-        """Reset env ``i`` with ``seed`` and step it with ``actions`` [T, *action_shape]; None when it ends
-        at the builder's current observation and the saved action mask, else what differs."""
+    def _replay_episode(self, i: int, start: tuple[int, dict], actions: np.ndarray) -> str | None:
+        """Restart env ``i``'s episode as it started (``start``: its reset seed, or -1 and the env's
+        ``np_random`` state before the reset) and step it with ``actions`` [T, *action_shape]; None when it
+        ends at the builder's current observation and the saved action mask, else what differs."""
         env = self.envs[i]
-        frame, info = env.reset(seed=seed)
-        self._episode_seeds[i] = seed
+        seed, rng = start
+        if seed < 0:
+            generator = env.np_random
+            if generator.bit_generator.state["bit_generator"] != rng["bit_generator"]:
+                generator = env.np_random = np.random.Generator(getattr(np.random, rng["bit_generator"])())
+            generator.bit_generator.state = rng
+        frame, info = env.reset(seed=None if seed < 0 else seed)
+        self._episode_seeds[i], self._episode_rngs[i] = seed, rng
         self._episode_actions[i] = []
         for t, action in enumerate(actions):
             a = self.spec.env_action(action)
@@ -280,9 +288,9 @@ class SegmentCollector:
             if terminated or truncated:  # a saved episode is in flight: it never ended
                 return f"the replay ended its episode after {t + 1} of {len(actions)} steps"
         if not np.array_equal(np.asarray(frame), self.builders[i].current_frames()[-1]):
-            return f"the replay from seed {seed} with {len(actions)} actions reached another observation"
+            return f"the replay of its {len(actions)} actions reached another observation"
         if not np.array_equal(action_mask_from_info(info, self.spec.num_actions), self._masks[i]):
-            return f"the replay from seed {seed} with {len(actions)} actions has another action mask"
+            return f"the replay of its {len(actions)} actions has another action mask"
         return None
 
     def close(self) -> None:

@@ -55,7 +55,7 @@ class Counters:
     reanalyze_calls: int = 0
     stale_writebacks: int = 0
     wall_s: float = 0.0  # run wall time, carried across resumes
-    episodes: int = 0  # training episodes finished (in-flight episodes restart after a resume)
+    episodes: int = 0  # training episodes finished (episodes in flight are not counted until they end)
     recent_episodes: list = field(default_factory=list)  # [[return, length]] of the last EPISODE_WINDOW
     replay_ratio_carry: float = 0.0  # train steps in [0, 1) owed by replay_ratio, carried to the next collect
 
