@@ -214,7 +214,7 @@ class SegmentCollector:
 
     def state_dict(self) -> dict:
         """Everything a resumed collector needs to go on as this one would (numpy arrays and builtins, no
-        env objects): the RNG, each env's episode seed and actions so far, its builder's in-flight trace,
+        env objects): the RNG, how each env's episode started and its actions so far, its builder's trace,
         its action mask, return and length so far, and the policy's acting state."""
         return {
             "num_envs": self.num_envs,
@@ -236,11 +236,12 @@ class SegmentCollector:
         return np.asarray(actions, dtype=dtype).reshape(len(actions), *self.spec.action_shape)
 
     def load_state_dict(self, state: dict, *, device: torch.device | str = "cpu") -> int:
-        """Continue from :meth:`state_dict`: each env's in-flight episode is replayed from its seed with its
-        actions so far, and must end at the saved observation and action mask. An env whose replay does not
-        (an env that is not reproducible from its seed) or a saved state of another number of envs starts
-        new episodes instead, with a warning, dropping those in-flight transitions. ``device``: where the
-        acting state's tensors go (the acting model's). Returns the envs continued exactly."""
+        """Continue from :meth:`state_dict` (on a collector that has not collected yet): each env's episode in
+        flight is replayed from how it started with its actions so far, and must end at the saved observation
+        and action mask. An env whose replay does not (randomness outside its seed and ``np_random``) starts a
+        new episode instead, and a saved state of another number of envs is not used at all; either drops
+        those in-flight transitions, with a warning. ``device``: where the acting state's tensors go (the
+        acting model's). Returns the number of envs continued exactly."""
         if int(state["num_envs"]) != self.num_envs:
             log.warning(
                 "the checkpoint's collector had %d envs, this one has %d: its in-flight episodes are not "
