@@ -2,6 +2,17 @@
 
 It owns its environments and one :class:`SegmentBuilder` per environment; both live across ``collect()``
 calls, so in-flight segments are never dropped and every segment is padded with its true continuation.
+
+Each env's first episode is reset with the env's construction seed and later ones continue the env's RNG
+stream (gymnasium's ``np_random``); the collector keeps, per env, how its current episode started (that
+seed, or the ``np_random`` state just before the reset) and the actions taken since, so an env's state is
+those two things. :meth:`SegmentCollector.state_dict` saves them with the builders' in-flight traces, the
+acting state and the collector's RNG, and :meth:`SegmentCollector.load_state_dict` replays each in-flight
+episode (gymnasium's contract: the same start and the same actions give the same trajectory) and checks
+that the replay reached the saved observation and action mask, so a resumed sync run continues its
+episodes exactly. An env with randomness of its own beside ``np_random`` (the ALE's emulator, for one)
+fails that check or continues another future; the first starts a new episode, with a warning.
+
 The weights used are fixed for a whole ``collect()`` call (the caller passes the model), and every result
 carries the version of those weights. It never touches the replay buffer.
 
@@ -12,6 +23,7 @@ against that form every step, so a policy of the wrong kind fails at its first s
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Callable
@@ -26,6 +38,8 @@ from muzero_tune.envs.spec import EnvSpec
 from muzero_tune.pipeline.messages import CollectResult
 from muzero_tune.policies.base import Policy
 from muzero_tune.replay.segment import GameSegment, SegmentBuilder
+
+log = logging.getLogger("muzero_tune")
 
 
 def env_factory(
@@ -84,6 +98,7 @@ class SegmentCollector:
         self.spec = spec
         self.actor_id = actor_id
         self.num_envs = num_envs or cfg.env.collector_env_num
+        self.seed = int(seed)
         make = make or env_factory(cfg)
         self.envs = [make(seed + i) for i in range(self.num_envs)]
         rc = cfg.replay
@@ -107,11 +122,23 @@ class SegmentCollector:
         self.total_envsteps = 0
         self._act_state = policy.initial_act_state(self.num_envs)
         self._env_index = np.arange(self.num_envs)
+        # how each env's current episode started (the reset's seed, -1: none; else the env's np_random state
+        # before the reset) and the actions it has taken since, as the env received them
+        self._episode_seeds = np.full(self.num_envs, -1, dtype=np.int64)
+        self._episode_rngs: list[dict] = [{} for _ in range(self.num_envs)]
+        self._episode_actions: list[list[int | np.ndarray]] = [[] for _ in range(self.num_envs)]
         for i in range(self.num_envs):
             self._reset_env(i)
 
     def _reset_env(self, i: int) -> None:
-        frame, info = self.envs[i].reset()
+        env = self.envs[i]
+        if self.builders[i].episode_index < 0:  # the first episode: the env's construction seed
+            seed, rng = self.seed + i, {}
+        else:  # later ones go on with the env's RNG stream: its state now is where this episode starts
+            seed, rng = -1, env.np_random.bit_generator.state
+        frame, info = env.reset(seed=None if seed < 0 else seed)
+        self._episode_seeds[i], self._episode_rngs[i] = seed, rng
+        self._episode_actions[i] = []
         self.builders[i].reset(np.asarray(frame))
         self._masks[i] = action_mask_from_info(info, self.spec.num_actions)
         self._returns[i] = 0.0
@@ -149,6 +176,7 @@ class SegmentCollector:
             actions = self.spec.check_actions(act.actions, self.num_envs)  # [B] int64 or [B, D] float32
             for i, env in enumerate(self.envs):
                 a = self.spec.env_action(actions[i])
+                self._episode_actions[i].append(a)
                 frame, reward, terminated, truncated, info = env.step(a)
                 stats = {k: v[i] for k, v in act.step_stats.items()}
                 pri = abs(float(act.root_value[i]) - float(act.predicted_value[i])) + 1e-6
@@ -184,6 +212,88 @@ class SegmentCollector:
             search_s=search_s,
             actor_id=self.actor_id,
         )
+
+    def state_dict(self) -> dict:
+        """Everything a resumed collector needs to go on as this one would (numpy arrays and builtins, no
+        env objects): the RNG, how each env's episode started and its actions so far, its builder's trace,
+        its action mask, return and length so far, and the policy's acting state."""
+        return {
+            "num_envs": self.num_envs,
+            "rng": self.rng.bit_generator.state,
+            "total_envsteps": self.total_envsteps,
+            "masks": self._masks.copy(),
+            "returns": self._returns.copy(),
+            "lengths": self._lengths.copy(),
+            "episode_seeds": self._episode_seeds.copy(),
+            "episode_rngs": list(self._episode_rngs),
+            "episode_actions": [self._actions_array(a) for a in self._episode_actions],
+            "builders": [b.state_dict() for b in self.builders],
+            "act_state": self.policy.save_act_state(self._act_state),
+        }
+
+    def _actions_array(self, actions: list) -> np.ndarray:
+        """One env's episode actions as ``[T, *action_shape]`` of the action dtype."""
+        dtype = np.dtype(self.spec.action_dtype)
+        return np.asarray(actions, dtype=dtype).reshape(len(actions), *self.spec.action_shape)
+
+    def load_state_dict(self, state: dict, *, device: torch.device | str = "cpu") -> int:
+        """Continue from :meth:`state_dict` (on a collector that has not collected yet): each env's episode in
+        flight is replayed from how it started with its actions so far, and must end at the saved observation
+        and action mask. An env whose replay does not (randomness outside its seed and ``np_random``) starts a
+        new episode instead, and a saved state of another number of envs is not used at all; either drops
+        those in-flight transitions, with a warning. ``device``: where the acting state's tensors go (the
+        acting model's). Returns the number of envs continued exactly."""
+        if int(state["num_envs"]) != self.num_envs:
+            log.warning(
+                "the checkpoint's collector had %d envs, this one has %d: its in-flight episodes are not "
+                "continued (new episodes start)", int(state["num_envs"]), self.num_envs,
+            )  # fmt: skip
+            return 0
+        self.rng.bit_generator.state = state["rng"]
+        self.total_envsteps = int(state["total_envsteps"])
+        self._act_state = self.policy.load_act_state(state["act_state"], self.num_envs, device=device)
+        continued = 0
+        for i in range(self.num_envs):
+            self.builders[i].load_state_dict(state["builders"][i])
+            self._masks[i] = np.asarray(state["masks"][i])
+            self._returns[i] = float(state["returns"][i])
+            self._lengths[i] = int(state["lengths"][i])
+            start = (int(state["episode_seeds"][i]), state["episode_rngs"][i])
+            problem = self._replay_episode(i, start, np.asarray(state["episode_actions"][i]))
+            if problem is None:
+                continued += 1
+                continue
+            log.warning("collector env %d: its in-flight episode is not continued (%s); it starts a new one",
+                        i, problem)  # fmt: skip
+            self.builders[i].drop_in_flight()
+            self._reset_env(i)
+        return continued
+
+    def _replay_episode(self, i: int, start: tuple[int, dict], actions: np.ndarray) -> str | None:
+        """Restart env ``i``'s episode as it started (``start``: its reset seed, or -1 and the env's
+        ``np_random`` state before the reset) and step it with ``actions`` [T, *action_shape]; None when it
+        ends at the builder's current observation and the saved action mask, else what differs."""
+        env = self.envs[i]
+        seed, rng = start
+        if seed < 0:
+            generator = env.np_random
+            if generator.bit_generator.state["bit_generator"] != rng["bit_generator"]:
+                generator = env.np_random = np.random.Generator(getattr(np.random, rng["bit_generator"])())
+            generator.bit_generator.state = rng
+        frame, info = env.reset(seed=None if seed < 0 else seed)
+        self._episode_seeds[i], self._episode_rngs[i] = seed, rng
+        self._episode_actions[i] = []
+        for t, action in enumerate(actions):
+            a = self.spec.env_action(action)
+            frame, _, terminated, truncated, info = env.step(a)
+            self._episode_actions[i].append(a)
+            if terminated or truncated:  # a saved episode is in flight: it never ended
+                return f"the replay ended its episode after {t + 1} of {len(actions)} steps"
+        if not np.array_equal(np.asarray(frame), self.builders[i].current_frames()[-1]):
+            return f"the replay of its {len(actions)} actions reached another observation"
+        if not np.array_equal(action_mask_from_info(info, self.spec.num_actions), self._masks[i]):
+            return f"the replay of its {len(actions)} actions has another action mask"
+        return None
 
     def close(self) -> None:
         for env in self.envs:

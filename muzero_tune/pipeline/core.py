@@ -55,7 +55,7 @@ class Counters:
     reanalyze_calls: int = 0
     stale_writebacks: int = 0
     wall_s: float = 0.0  # run wall time, carried across resumes
-    episodes: int = 0  # training episodes finished (in-flight episodes restart after a resume)
+    episodes: int = 0  # training episodes finished (episodes in flight are not counted until they end)
     recent_episodes: list = field(default_factory=list)  # [[return, length]] of the last EPISODE_WINDOW
     replay_ratio_carry: float = 0.0  # train steps in [0, 1) owed by replay_ratio, carried to the next collect
 
@@ -204,6 +204,9 @@ class DriverCore:
         self._prefetched: Prefetched | None = None
         # batches built ahead: used by the next step, and thrown away (something changed first)
         self.prefetch_stats = {"used": 0, "discarded": 0}
+        # the sync driver's collector state (SegmentCollector.state_dict), saved beside the replay buffer so a
+        # resume continues the episodes in flight; None where the collectors are actors (async)
+        self.collector_state: Callable[[], dict] | None = None
 
     # ------------------------------------------------------------------ counters
 
@@ -474,7 +477,9 @@ class DriverCore:
     # ------------------------------------------------------------------ resume
 
     def resume_state(self, *, include_buffer: bool | None = None) -> dict:
-        """Everything to continue exactly; the replay buffer when ``tune.save_replay_buffer`` (or asked)."""
+        """Everything to continue exactly; the replay buffer when ``tune.save_replay_buffer`` (or asked),
+        and with it the collector's episodes in flight where the driver keeps its collector
+        (:attr:`collector_state`): together they make a sync run's resume equal to a straight run."""
         if include_buffer is None:
             include_buffer = self.cfg.tune.save_replay_buffer
         self.counters.wall_s = self.wall_s()
@@ -485,6 +490,8 @@ class DriverCore:
         }
         if include_buffer:
             state["buffer"] = self.buffer.state_dict()
+            if self.collector_state is not None:
+                state["collector"] = self.collector_state()
         return state
 
     def load_resume_state(self, state: dict) -> None:

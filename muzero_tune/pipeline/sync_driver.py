@@ -22,7 +22,7 @@ from muzero_tune.pipeline.core import (
     video_name,
 )
 from muzero_tune.pipeline.evaluator import Evaluator
-from muzero_tune.runs.checkpoint import load_checkpoint
+from muzero_tune.runs.checkpoint import load_checkpoint, to_numpy_tree
 from muzero_tune.runs.reporter import Reporter, default_reporter
 
 
@@ -48,10 +48,15 @@ def train_muzero_segment(
         reporter.close()
         raise
     try:
+        resume = None
         if resume_from is not None:
             ckpt = load_checkpoint(resume_from) if isinstance(resume_from, str) else resume_from
-            core.load_resume_state(ckpt["resume"])
+            resume = ckpt["resume"]
+            core.load_resume_state(resume)
         collector = SegmentCollector(cfg, core.policy, core.spec, seed=cfg.seed)
+        if resume is not None and "collector" in resume:  # the episodes in flight at the checkpoint go on
+            collector.load_state_dict(to_numpy_tree(resume["collector"]), device=core.learner.device)
+        core.collector_state = collector.state_dict
         evaluator = Evaluator(
             cfg, core.policy, core.spec, seed=cfg.seed + EVAL_SEED_OFFSET, video=cfg.eval.video_every > 0
         )

@@ -241,6 +241,16 @@ class Policy(ABC):
         """Reset one env's acting state at an episode start."""
         return state
 
+    def save_act_state(self, state: Any) -> dict:
+        """The acting ``state`` as a dict of arrays, tensors (on the CPU) and builtins, for a checkpoint
+        (``torch.load(weights_only=True)`` reads it back); stateless types save ``{}``. What it leaves out
+        must be rebuilt the same by the next :meth:`act` (e.g. caches that the weights' next change voids)."""
+        return {}
+
+    def load_act_state(self, saved: dict, num_envs: int, *, device: torch.device | str = "cpu") -> Any:
+        """The acting state :meth:`save_act_state` saved, its tensors on ``device`` (the acting model's)."""
+        return self.initial_act_state(num_envs)
+
     def step_stat_names(self) -> tuple[str, ...]:
         """Names of the per-step arrays this policy stores in segments."""
         return ("child_visits", "root_value", "legal_mask")

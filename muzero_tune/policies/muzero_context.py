@@ -98,6 +98,20 @@ class CarriedStatePolicy(MuZeroPolicy):
     def reset_act_state(self, state: CarriedActState, env_index: int) -> CarriedActState:
         return state.reset(env_index)
 
+    def save_act_state(self, state: CarriedActState) -> dict:
+        saved = {"step": state.step.copy(), "action": state.action.copy()}
+        if state.latent is not None:
+            saved["latent"] = state.latent.detach().to("cpu", copy=True)
+        return saved
+
+    def load_act_state(self, saved: dict, num_envs: int, *, device="cpu") -> CarriedActState:
+        latent = saved.get("latent")
+        return CarriedActState(
+            step=np.asarray(saved["step"], dtype=np.int64).copy(),
+            action=np.asarray(saved["action"], dtype=np.int64).copy(),
+            latent=None if latent is None else torch.as_tensor(latent).to(device),
+        )
+
     def carried_root(
         self, model: torch.nn.Module, obs: torch.Tensor, state: CarriedActState, env_index: np.ndarray
     ) -> tuple[torch.Tensor, dict[str, np.ndarray]]:

@@ -165,6 +165,24 @@ class UniZeroPolicy(MuZeroPolicy):
     def reset_act_state(self, state: UniZeroActState, env_index: int) -> UniZeroActState:
         return state.reset(env_index)
 
+    def save_act_state(self, state: UniZeroActState) -> dict:
+        """The raw windows only: the context (tokens and keys) carries the weights tag of the model that
+        computed it, which any weight change voids, so the next root re-encodes it from the raw windows
+        (:meth:`_rebuild`) whether or not it was saved."""
+        saved = {"step": state.step.copy(), "hist_len": state.hist_len.copy()}
+        if state.obs_hist is not None:
+            saved["obs_hist"], saved["act_hist"] = state.obs_hist.copy(), state.act_hist.copy()
+        return saved
+
+    def load_act_state(self, saved: dict, num_envs: int, *, device="cpu") -> UniZeroActState:
+        obs_hist, act_hist = saved.get("obs_hist"), saved.get("act_hist")
+        return UniZeroActState(
+            step=np.asarray(saved["step"], dtype=np.int64).copy(),
+            hist_len=np.asarray(saved["hist_len"], dtype=np.int64).copy(),
+            obs_hist=None if obs_hist is None else np.array(obs_hist),
+            act_hist=None if act_hist is None else np.array(act_hist),
+        )
+
     def on_weights_loaded(self, model) -> None:
         """After a snapshot load: no context or node of the old weights can be used again."""
         bump_cache_epoch(model)

@@ -205,6 +205,39 @@ class SegmentBuilder:
         self._start += num_real
         return seg
 
+    def state_dict(self) -> dict:
+        """The in-flight trace as numpy arrays and builtins (T = :attr:`in_flight_transitions`), so a
+        resumed collector emits the same segments as one that never stopped: ``frames`` [F, *frame_shape],
+        ``actions`` [T, *action_shape], ``rewards`` [T] float64, ``stats`` name -> [T, ...],
+        ``priorities`` [T] float64 (NaN: none), and the stream, episode and segment-start counters."""
+        keys = self._stats[0].keys() if self._stats else ()
+        return {
+            "stream_id": self.stream_id,
+            "episode_index": self.episode_index,
+            "start": self._start,
+            "policy_version": self._policy_version,
+            "frames": np.stack(self._frames) if self._frames else np.zeros((0,), np.float32),
+            "actions": np.asarray(self._actions, dtype=self.action_dtype).reshape(-1, *self.action_shape),
+            "rewards": np.asarray(self._rewards, dtype=np.float64),
+            "stats": {k: np.stack([np.asarray(s[k]) for s in self._stats]) for k in keys},
+            "priorities": np.asarray(self._priorities, dtype=np.float64),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue the trace :meth:`state_dict` saved (this builder's shape settings must be the saver's)."""
+        n = int(len(state["actions"]))
+        self.stream_id = str(state["stream_id"])
+        self.episode_index = int(state["episode_index"])
+        self._start = int(state["start"])
+        self._policy_version = int(state["policy_version"])
+        self._frames = list(np.asarray(state["frames"])) if len(state["frames"]) else []
+        actions = np.asarray(state["actions"], dtype=self.action_dtype)
+        self._actions = [a.copy() for a in actions] if self.action_shape else [int(a) for a in actions]
+        self._rewards = [float(r) for r in np.asarray(state["rewards"])]
+        stats = {k: np.asarray(v) for k, v in state["stats"].items()}
+        self._stats = [{k: v[t] for k, v in stats.items()} for t in range(n)]
+        self._priorities = [float(p) for p in np.asarray(state["priorities"])]
+
     def drop_in_flight(self) -> int:
         """Forget the unfinished trace (a collector restart); returns the transitions dropped."""
         n = len(self._actions)
