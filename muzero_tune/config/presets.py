@@ -396,7 +396,8 @@ PRESETS["minatar_breakout_muzero"] = {
 
 # CarRacing-v3 (the box2d extra: 96 x 96 RGB pictures resized to 64 x 64 gray, 3 continuous actions; -0.1
 # per frame, +1000/N per track tile, 1000 frames an episode): the sampled type's conv Gaussian network on a
-# short budget, no goal (the return reached in the budget is the figure; uniform random actions score about -27).
+# short budget, no goal (the figure is the return reached in the budget; uniform random actions score
+# about -27).
 PRESETS["carracing_sampled_muzero"] = {
     **PRESETS["pendulum_sampled_muzero"],
     "exp_name": "carracing_sampled_muzero",
