@@ -232,6 +232,13 @@ class LearnConfig:
         1000, "after a resume without a saved buffer, fresh real transitions collected before training", ge=0
     )
     device: str = param("cpu", "learner device: cpu, auto (cuda when present) or cuda[:N]")
+    compile: str = param(
+        "off",
+        "torch.compile the loss's forward and backward (pipeline/compiled_loss.py): off, default, or "
+        "max-autotune-no-cudagraphs (longer compile, faster matmuls on small CPU networks); a type whose "
+        "loss cannot compile runs eager with one warning naming the cause",
+        choices=("off", "default", "max-autotune-no-cudagraphs"),
+    )
     mixed_precision: bool = param(
         False,
         "autocast the learner's loss forward: bf16 on CUDA (fp16 where bf16 is missing) and on CPUs with "

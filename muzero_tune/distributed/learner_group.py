@@ -151,7 +151,7 @@ class LearnerWorker:
         ids = [self.learner.device.index or 0] if cuda else None
         # find_unused_parameters: a policy's loss may leave a head unused (an SSL projection at weight 0)
         self._ddp = torch.nn.parallel.DistributedDataParallel(
-            _Loss(model, self.policy.compute_loss), device_ids=ids, find_unused_parameters=True
+            _Loss(model, self.learner.loss_fn), device_ids=ids, find_unused_parameters=True
         )
         ddp = self._ddp
 

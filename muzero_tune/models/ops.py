@@ -41,6 +41,8 @@ def log_softmax_last(x: Tensor) -> Tensor:
     """``F.log_softmax(x, dim=-1)``; [..., C] -> [..., C], gradient included, bit-identical. On the CPU, with
     C below the vector width and the rows (the product of the leading dims) a multiple of it, it runs as a
     reduction over dim 0 of ``x`` with its last dim moved first (views, no copy)."""
+    if torch.compiler.is_compiling():  # a compiled graph picks its own layout
+        return F.log_softmax(x, dim=-1)
     lanes = _cpu_vector_floats() if x.device.type == "cpu" else 0
     if x.dim() < 2 or not 0 < x.shape[-1] < lanes or math.prod(x.shape[:-1]) % lanes:
         return F.log_softmax(x, dim=-1)

@@ -13,9 +13,10 @@ the last SSL target encodings there too (:mod:`~muzero_tune.pipeline.ssl_offload
 lets the driver start the next batch's bootstrap forward beside this step's backward (``DriverCore``'s
 prefetch; :meth:`Learner.target_stays` says when the target network allows it). ``learn.mixed_precision``
 autocasts both forwards (bf16 on CUDA and on CPUs with native bf16); the weights, gradients and optimizer
-stay fp32. ``state_dict()`` holds everything needed to continue exactly -- model, target model, optimizer,
-scheduler, train_iter and the RNG states of torch, numpy and Python -- and is loadable with
-``torch.load(weights_only=True)``.
+stay fp32. ``learn.compile`` runs the loss's forward and backward compiled
+(:mod:`~muzero_tune.pipeline.compiled_loss`). ``state_dict()`` holds everything needed to continue exactly
+-- model, target model, optimizer, scheduler, train_iter and the RNG states of torch, numpy and Python --
+and is loadable with ``torch.load(weights_only=True)``.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import torch
 from muzero_tune.config import ConfigError, ConfigWarning, ExperimentConfig, LearnConfig
 from muzero_tune.errors import DivergedError
 from muzero_tune.models.layout import place_model
+from muzero_tune.pipeline.compiled_loss import CompiledLoss
 from muzero_tune.pipeline.ssl_offload import SslOffload
 from muzero_tune.policies.base import LossOutput, Policy
 from muzero_tune.replay.targets import TrainBatch, resolve_bootstrap, start_bootstrap
@@ -261,11 +263,18 @@ class Learner:
         # the loss: policy.compute_loss(model, batch, train_iter=, ...); a data-parallel learner stands in
         # its DistributedDataParallel wrapper (muzero_tune.distributed.learner_group)
         self.loss_fn: Callable[..., Any] = policy.compute_loss
+        # learn.compile: the loss compiled (None: eager); its first call's wall time is compile_s
+        self.compiled_loss: CompiledLoss | None = None
+        if lc.compile != "off":
+            self.compiled_loss = CompiledLoss(
+                policy.compute_loss, mode=lc.compile, device=self.device, policy_name=policy.name
+            )
+            self.loss_fn = self.compiled_loss
 
     def _make_ssl_offload(self) -> SslOffload | None:
         lc = self.cfg.learn
-        if lc.helper_ssl_encodings == 0 or lc.ssl_loss_weight == 0:
-            return None
+        if lc.helper_ssl_encodings == 0 or lc.ssl_loss_weight == 0 or lc.compile != "off":
+            return None  # a compiled loss encodes its SSL targets in its graph
         if not self.policy.ssl_latent_seam:  # before anything runs: the driver builds the learner first
             raise ConfigError(
                 "learn.helper_ssl_encodings",
@@ -376,6 +385,8 @@ class Learner:
         metrics = dict(out.metrics)
         metrics["train/grad_norm"] = grad_norm
         metrics["train/lr"] = float(self.optimizer.param_groups[0]["lr"])
+        if self.compiled_loss is not None and self.compiled_loss.compile_s is not None:
+            metrics["train/compile_s"] = self.compiled_loss.compile_s
         return LearnOutput(priorities=out.priorities, metrics=metrics)
 
     def target_changed_at(self, train_iter: int) -> bool:

@@ -99,6 +99,24 @@ class LossOutput:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
+@torch.compiler.disable
+def loss_output(
+    loss: torch.Tensor,
+    per_sample: torch.Tensor,
+    priorities: torch.Tensor,
+    means: torch.Tensor,
+    names: tuple[str, ...],
+) -> LossOutput:
+    """A loss's host side, always eager (a compiled loss's graph ends at it): ``priorities`` [B] to a
+    float32 array, the metric means ``means`` [M] (named ``names``) and ``loss`` to floats in one
+    tensor-to-list (``train/loss_total`` is the loss), ``loss`` [] and ``per_sample`` [B] kept as tensors."""
+    values = torch.cat([loss.detach().reshape(1).float(), means.float()]).tolist()
+    metrics = {"train/loss_total": values[0], **dict(zip(names, values[1:], strict=True))}
+    return LossOutput(
+        loss=loss, per_sample_loss=per_sample, priorities=priorities.cpu().numpy(), metrics=metrics
+    )
+
+
 class Policy(ABC):
     """A MuZero-family policy type (see the module docstring)."""
 

@@ -19,8 +19,19 @@ import torch.nn.functional as F
 from muzero_tune.mcts import MuZeroSearch, SearchOutput
 from muzero_tune.models import build_network, logits_to_scalar, logits_to_scalar_np, two_hot_cross_entropy
 from muzero_tune.models.traced import initial_value_logits, recurrent_outputs
-from muzero_tune.policies.base import LossOutput, Policy, SearchRoots, eval_mode, model_device
+from muzero_tune.policies.base import LossOutput, Policy, SearchRoots, eval_mode, loss_output, model_device
 from muzero_tune.replay.targets import TrainBatch, make_batch, off_policy_td_steps
+
+# the loss's metrics after train/loss_total, in the order compute_loss stacks their batch means
+LOSS_METRICS = (
+    "train/loss_policy",
+    "train/loss_value",
+    "train/loss_reward",
+    "train/loss_ssl",
+    "train/policy_entropy",
+    "train/value_pred_mean",
+    "train/value_target_mean",
+)
 
 
 def scale_gradient(x: torch.Tensor, scale: float) -> torch.Tensor:
@@ -283,7 +294,8 @@ class MuZeroPolicy(Policy):
 
         obs = torch.as_tensor(batch.obs, device=dev)
         # [B, K] indices (discrete) or [B, K, D] float32 in [-1, 1] (continuous)
-        actions = t(batch.actions, torch.long if batch.actions.dtype.kind in "iu" else torch.float32)
+        actions = torch.as_tensor(batch.actions, device=dev)  # arrays or tensors (a compiled loss's batch)
+        actions = actions.float() if actions.is_floating_point() else actions.long()
         tr, tp = t(self.reward_targets(batch)), t(batch.target_policy)
         vmask, rmask, pmask, omask = (
             t(batch.value_mask),
@@ -348,20 +360,8 @@ class MuZeroPolicy(Policy):
         # sampling that changes which samples a run trains on
         with torch.no_grad():
             pred_v0 = logits_to_scalar(root.value_logits.float(), support_size=vs)  # [B]
-            priorities = ((pred_v0 - tv[:, 0]).abs() + 1e-6).cpu().numpy()  # [B] float32
+            priorities = (pred_v0 - tv[:, 0]).abs() + 1e-6  # [B] float32
             entropy = self.policy_entropy(root.policy_logits)  # [B]
             terms = [policy_loss, value_loss, reward_loss, ssl_loss, entropy, pred_v0, tv[:, 0]]  # 7 of [B]
-            loss_policy, loss_value, loss_reward, loss_ssl, entropy, pred_mean, target_mean = (
-                torch.stack(terms).mean(1).tolist()
-            )
-        metrics = {
-            "train/loss_total": loss.item(),
-            "train/loss_policy": loss_policy,
-            "train/loss_value": loss_value,
-            "train/loss_reward": loss_reward,
-            "train/loss_ssl": loss_ssl,
-            "train/policy_entropy": entropy,
-            "train/value_pred_mean": pred_mean,
-            "train/value_target_mean": target_mean,
-        }
-        return LossOutput(loss=loss, per_sample_loss=per_sample, priorities=priorities, metrics=metrics)
+            means = torch.stack(terms).mean(1)
+        return loss_output(loss, per_sample, priorities, means, LOSS_METRICS)

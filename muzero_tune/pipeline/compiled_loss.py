@@ -1,0 +1,94 @@
+"""The learner's compiled loss (``learn.compile``): ``torch.compile`` of a policy's ``compute_loss``.
+
+The compiled loss takes a batch whose arrays are torch tensors on the learner's device, its value targets
+resolved (:func:`tensor_batch`), so the path from the observations through the unroll to the loss and the
+priorities traces as one graph, whose backward AOTAutograd compiles with it; what follows the graph (the
+priorities to numpy, the metrics to floats) runs eager after it. Shapes are static (``dynamic=False``): a
+run's batch shape is fixed, so one graph serves every step, and a change of shape compiles once more (at
+most ``RECOMPILE_LIMIT`` graphs, then eager). The first call's wall time, compile and step together, is kept
+as :attr:`CompiledLoss.compile_s`.
+
+A loss that cannot compile (an op Dynamo cannot trace, no C++ compiler for Inductor's CPU kernels) warns
+once, naming the error, and runs eager from then on: the run goes on with the same results, only slower.
+The SSL targets are encoded inside the graph (the learner's helper-thread SSL offload hands the loss a
+callable, which a graph cannot take), and the bootstrap values are waited for before the graph starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from muzero_tune.config import ConfigWarning
+from muzero_tune.replay.targets import TrainBatch
+
+# graphs one loss may hold (a shape or mode change compiles another) before Dynamo runs it eager
+RECOMPILE_LIMIT = 4
+# batch fields that stay host values: bookkeeping the loss never reads
+_HOST_FIELDS = ("flat_index", "make_time", "bootstrap")
+
+
+def tensor_batch(batch: TrainBatch, device: torch.device) -> TrainBatch:
+    """``batch`` with its value targets resolved into ``target_value`` (waiting for a bootstrap forward that
+    runs elsewhere) and every array the loss reads -- observations, actions, targets, masks, weights and the
+    policy's extras -- as a tensor on ``device`` (the same dtypes and shapes; a CPU array is shared, not
+    copied)."""
+
+    def to_tensor(x: Any) -> Any:
+        return torch.as_tensor(x, device=device) if isinstance(x, np.ndarray) else x
+
+    resolved = dataclasses.replace(batch, target_value=batch.value_targets(), bootstrap=None)
+    moved = {
+        f.name: to_tensor(getattr(resolved, f.name))
+        for f in dataclasses.fields(resolved)
+        if f.name not in _HOST_FIELDS and f.name != "extras"
+    }
+    return dataclasses.replace(resolved, **moved, extras={k: to_tensor(v) for k, v in batch.extras.items()})
+
+
+class CompiledLoss:
+    """``loss_fn(model, batch, train_iter=...)`` compiled with ``torch.compile(mode=mode)``, called on
+    :func:`tensor_batch` batches; eager from the first call that fails to compile."""
+
+    def __init__(self, loss_fn: Callable[..., Any], *, mode: str, device: torch.device, policy_name: str):
+        self.eager_fn = loss_fn
+        self.device = device
+        self.mode = mode
+        self.policy_name = policy_name
+        self.compiled_fn = torch.compile(loss_fn, mode=None if mode == "default" else mode, dynamic=False)
+        self.compile_s: float | None = None  # wall seconds of the first compiled call (its step included)
+        self.fallback_reason: str | None = None  # why the loss runs eager, once it does
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+
+    @property
+    def compiled(self) -> bool:
+        return self.fallback_reason is None
+
+    def __call__(self, model: torch.nn.Module, batch: TrainBatch, **kwargs: Any) -> Any:
+        kwargs.pop("ssl_latent", None)  # encoded in the graph (module docstring)
+        batch = tensor_batch(batch, self.device)
+        if not self.compiled:
+            return self.eager_fn(model, batch, **kwargs)
+        t0 = time.perf_counter()
+        try:
+            out = self.compiled_fn(model, batch, **kwargs)
+        except Exception as exc:  # noqa: BLE001 (any compile failure: the loss itself is checked eager next)
+            if self.compile_s is not None:
+                raise  # compiled before: an error of the step, not of compiling
+            self.fallback_reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"
+            warnings.warn(
+                f"learn.compile={self.mode}: {self.policy_name}'s loss does not compile "
+                f"({self.fallback_reason}); it runs eager",
+                ConfigWarning,
+                stacklevel=2,
+            )
+            return self.eager_fn(model, batch, **kwargs)
+        if self.compile_s is None:
+            self.compile_s = time.perf_counter() - t0
+        return out
