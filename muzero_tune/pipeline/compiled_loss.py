@@ -3,10 +3,10 @@
 The compiled loss takes a batch whose arrays are torch tensors on the learner's device, its value targets
 resolved (:func:`tensor_batch`), so the path from the observations through the unroll to the loss and the
 priorities traces as one graph, whose backward AOTAutograd compiles with it; what follows the graph (the
-priorities to numpy, the metrics to floats) runs eager after it. Shapes are static (``dynamic=False``): a
-run's batch shape is fixed, so one graph serves every step, and a change of shape compiles once more (at
-most ``RECOMPILE_LIMIT`` graphs, then eager). The first call's wall time, compile and step together, is kept
-as :attr:`CompiledLoss.compile_s`.
+priorities to numpy, the metrics to floats) runs eager after it. A run's batch shape is fixed, so one graph
+serves every step; with torch's automatic dynamic shapes a size or int argument that changes (a loss that
+reports ``train_iter``) compiles once more, as a symbol (at most ``RECOMPILE_LIMIT`` graphs, then eager).
+The first call's wall time, compile and step together, is kept as :attr:`CompiledLoss.compile_s`.
 
 A loss that cannot compile (an op Dynamo cannot trace, no C++ compiler for Inductor's CPU kernels) warns
 once, naming the error, and runs eager from then on: the run goes on with the same results, only slower.
@@ -61,7 +61,7 @@ class CompiledLoss:
         self.device = device
         self.mode = mode
         self.policy_name = policy_name
-        self.compiled_fn = torch.compile(loss_fn, mode=None if mode == "default" else mode, dynamic=False)
+        self.compiled_fn = torch.compile(loss_fn, mode=None if mode == "default" else mode)
         self.compile_s: float | None = None  # wall seconds of the first compiled call (its step included)
         self.fallback_reason: str | None = None  # why the loss runs eager, once it does
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)

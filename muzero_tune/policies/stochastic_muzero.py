@@ -34,9 +34,22 @@ import torch.nn.functional as F
 from muzero_tune.mcts.stochastic import StochasticMuZeroSearch
 from muzero_tune.models.stochastic_net import build_stochastic_network
 from muzero_tune.models.support import logits_to_scalar, logits_to_scalar_np, scalar_to_target
-from muzero_tune.policies.base import LossOutput, model_device
+from muzero_tune.policies.base import LossOutput, loss_output, model_device
 from muzero_tune.policies.muzero import MuZeroPolicy, root_loss_weight, scale_gradient, soft_cross_entropy
 from muzero_tune.replay.targets import TrainBatch, make_batch
+
+# the loss's metrics after train/loss_total, in the order compute_loss gathers their batch means
+LOSS_METRICS = (
+    "train/loss_policy",
+    "train/loss_value",
+    "train/loss_reward",
+    "train/loss_afterstate_value",
+    "train/loss_afterstate_policy",
+    "train/loss_commitment",
+    "train/chance_codes_used",
+    "train/value_pred_mean",
+    "train/value_target_mean",
+)
 
 
 class StochasticMuZeroPolicy(MuZeroPolicy):
@@ -180,19 +193,11 @@ class StochasticMuZeroPolicy(MuZeroPolicy):
         loss = (t(batch.weights) * per_sample).mean()
         with torch.no_grad():
             v0 = logits_to_scalar(pred_v0.float(), support_size=vs)
-            priorities = ((v0 - tv[:, 0]).abs() + 1e-6).cpu().numpy().astype(np.float32)
+            priorities = (v0 - tv[:, 0]).abs() + 1e-6  # [B] float32
             usage = (target_codes * cmask[..., None]).sum((0, 1)) / cmask.sum().clamp_min(1.0)
-            codes_used = int((usage > 0.01).sum())
-        metrics = {
-            "train/loss_total": float(loss.detach()),
-            "train/loss_policy": float(policy_loss.mean().detach()),
-            "train/loss_value": float(value_loss.mean().detach()),
-            "train/loss_reward": float(reward_loss.mean().detach()),
-            "train/loss_afterstate_value": float(q_loss.mean().detach()),
-            "train/loss_afterstate_policy": float(chance_loss.mean().detach()),
-            "train/loss_commitment": float(commit_loss.mean().detach()),
-            "train/chance_codes_used": float(codes_used),
-            "train/value_pred_mean": float(v0.mean()),
-            "train/value_target_mean": float(tv[:, 0].mean()),
-        }
-        return LossOutput(loss=loss, per_sample_loss=per_sample, priorities=priorities, metrics=metrics)
+            terms = [policy_loss, value_loss, reward_loss, q_loss, chance_loss, commit_loss]  # 6 of [B]
+            means = torch.cat([
+                torch.stack([x.float() for x in terms]).mean(1), (usage > 0.01).sum().float().reshape(1),
+                torch.stack([v0.mean(), tv[:, 0].mean()]),
+            ])  # fmt: skip
+        return loss_output(loss, per_sample, priorities, means, LOSS_METRICS)

@@ -49,11 +49,22 @@ from muzero_tune.errors import ConfigError
 from muzero_tune.models import logits_to_scalar, logits_to_scalar_np, scalar_to_target
 from muzero_tune.models.kv_cache import NodeContextStore, TokenContext, bump_cache_epoch, weights_tag
 from muzero_tune.models.unizero_net import UniZeroNet, default_max_tokens, token_sequence
-from muzero_tune.policies.base import LossOutput, SearchRoots, eval_mode, model_device
+from muzero_tune.policies.base import LossOutput, SearchRoots, eval_mode, loss_output, model_device
 from muzero_tune.policies.muzero import MuZeroPolicy, soft_cross_entropy
 from muzero_tune.replay.targets import PastSteps, TrainBatch, make_batch
 
 TARGET_LATENT = "unizero_target_latent"  # TrainBatch.extras: [B, K, E] the target tokenizer's next latents
+
+# the loss's metrics after train/loss_total, in the order compute_loss gathers their batch means
+LOSS_METRICS = (
+    "train/loss_latent",
+    "train/loss_value",
+    "train/loss_reward",
+    "train/loss_policy",
+    "train/policy_entropy",
+    "train/value_pred_mean",
+    "train/value_target_mean",
+)
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -494,16 +505,9 @@ class UniZeroPolicy(MuZeroPolicy):
         loss = (t(batch.weights) * per_sample).mean()
         with torch.no_grad():
             pred_v0 = logits_to_scalar(obs_out.value_logits[:, 0].float(), support_size=vs)
-            priorities = ((pred_v0 - tv[:, 0]).abs() + 1e-6).cpu().numpy().astype(np.float32)
-        metrics = {
-            "train/loss_total": float(loss.detach()),
-            "train/loss_latent": float(latent_loss.mean().detach()),
-            "train/loss_value": float(value_loss.mean().detach()),
-            "train/loss_reward": float(reward_loss.mean().detach()),
-            "train/loss_policy": float(policy_loss.mean().detach()),
-            "train/policy_entropy": float(entropy.mean().detach()),
-            "train/value_pred_mean": float(pred_v0.mean()),
-            "train/value_target_mean": float(tv[:, 0].mean()),
-            "train/train_iter": float(train_iter),
-        }
-        return LossOutput(loss=loss, per_sample_loss=per_sample, priorities=priorities, metrics=metrics)
+            priorities = (pred_v0 - tv[:, 0]).abs() + 1e-6  # [B] float32
+            terms = [latent_loss, value_loss, reward_loss, policy_loss, entropy, pred_v0, tv[:, 0]]  # 7, [B]
+            means = torch.stack([x.float() for x in terms]).mean(1)
+        out = loss_output(loss, per_sample, priorities, means, LOSS_METRICS)
+        out.metrics["train/train_iter"] = float(train_iter)
+        return out
