@@ -76,8 +76,9 @@ def constant_action_returns(action: int, seed: int, episodes: int) -> list[float
 def policy_output_bias(weights: dict) -> str:
     """The key of the policy head's output bias, one logit per action (every type names its head
     ``*polic*``)."""
-    (key,) = [k for k, v in weights.items() if "polic" in k and k.endswith("bias") and v.shape == (2,)]
-    return key
+    keys = [k for k, v in weights.items() if "polic" in k and k.endswith("bias") and v.shape == (2,)]
+    assert len(keys) == 1, f"expected one policy output bias of shape (2,) among {sorted(weights)}"
+    return keys[0]
 
 
 def steered(ckpt: dict, action: int, path: str) -> str:
@@ -142,14 +143,38 @@ def check_reevaluation_follows_the_weights(ckpt: dict, folder: str) -> None:
 # ------------------------------------------------------------------------------------- standalone async
 
 
-# The other types' standalone async runs in the default suite (real actors; their snapshots load and act):
-# test_async_pipeline.py (muzero) and test_policy_<type>.py's test_short_async_run* (sampled_efficientzero
-# and sampled_unizero on Pendulum); here, for them, the same run checked exactly, under -m slow.
-DEFAULT_ASYNC_HERE = {"sampled_muzero"}  # no standalone async run of its own elsewhere
+# The default test that runs each type's standalone async run with real actors (its snapshot loads); here
+# the same kind of run is checked exactly, by default only for the type that has none elsewhere.
+DEFAULT_ASYNC_RUN = {
+    "muzero": "test_async_pipeline.py::test_run_completes_trains_evaluates_and_writes_evaluated_snapshot",
+    "efficientzero": "test_policy_efficientzero.py::test_short_async_run_writes_loadable_snapshot",
+    "stochastic_muzero": "test_policy_stochastic_muzero.py::test_short_async_run_writes_loadable_snapshot",
+    "gumbel_muzero": "test_policy_gumbel_muzero.py::test_short_async_run",
+    "muzero_context": "test_policy_muzero_context.py::"
+                      "test_short_async_run_writes_a_loadable_evaluated_snapshot",
+    "muzero_rnn_full_obs": "test_policy_muzero_rnn.py::"
+                           "test_short_async_run_writes_a_loadable_evaluated_snapshot",
+    "unizero": "test_policy_unizero.py::test_short_async_run",
+    "sampled_efficientzero": "test_policy_sampled.py::test_short_async_run_on_pendulum",  # on Pendulum
+    "sampled_unizero": "test_policy_sampled_unizero.py::test_short_async_run_on_pendulum",  # on Pendulum
+}
+
+
+def test_each_default_async_run_named_here_exists_and_is_not_slow():
+    """The slow marks below lean on these tests: each must exist as named and run by default."""
+    import ast
+
+    assert set(DEFAULT_ASYNC_RUN) | {"sampled_muzero"} == set(TYPES)
+    for node_id in DEFAULT_ASYNC_RUN.values():
+        file, name = node_id.split("::")
+        with open(os.path.join(os.path.dirname(__file__), file)) as f:
+            tree = ast.parse(f.read())
+        (fn,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name]
+        assert not any("slow" in ast.unparse(d) for d in fn.decorator_list), node_id
 
 
 @pytest.mark.parametrize("ptype", [
-    t if t in DEFAULT_ASYNC_HERE else pytest.param(t, marks=pytest.mark.slow) for t in TYPES])
+    pytest.param(t, marks=pytest.mark.slow) if t in DEFAULT_ASYNC_RUN else t for t in TYPES])
 def test_standalone_async_run_reevaluates_exactly(ptype, run_async, tmp_path):
     from muzero_tune.runs.checkpoint import eval_checkpoints
 
