@@ -2,7 +2,8 @@
 
 All trials run in the session's in-process Ray cluster (``ray_cluster``: 8 logical CPUs). Every assertion is
 on an invariant of the runs -- placement, counters, equalities between what was reported, checkpointed and
-logged -- never on rewards or timings.
+logged -- never on rewards or timings. Every policy type's sync and async trial, each checkpoint evaluated
+again: ``test_every_policy_type.py``.
 """
 
 from __future__ import annotations
