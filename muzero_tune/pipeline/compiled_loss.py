@@ -72,16 +72,17 @@ class CompiledLoss:
 
     def __call__(self, model: torch.nn.Module, batch: TrainBatch, **kwargs: Any) -> Any:
         kwargs.pop("ssl_latent", None)  # encoded in the graph (module docstring)
-        batch = tensor_batch(batch, self.device)
-        if not self.compiled:
+        if not self.compiled:  # the eager loss on the batch as it came (its arrays where it reads numpy)
             return self.eager_fn(model, batch, **kwargs)
         t0 = time.perf_counter()
         try:
-            out = self.compiled_fn(model, batch, **kwargs)
+            out = self.compiled_fn(model, tensor_batch(batch, self.device), **kwargs)
         except Exception as exc:  # noqa: BLE001 (any compile failure: the loss itself is checked eager next)
             if self.compile_s is not None:
                 raise  # compiled before: an error of the step, not of compiling
-            self.fallback_reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"
+            # the first two lines: Inductor says "backend raised:" first and the cause next
+            said = [line.strip() for line in str(exc).splitlines() if line.strip()][:2]
+            self.fallback_reason = f"{type(exc).__name__}: {' '.join(said)[:300]}"
             warnings.warn(
                 f"learn.compile={self.mode}: {self.policy_name}'s loss does not compile "
                 f"({self.fallback_reason}); it runs eager",
