@@ -3,8 +3,9 @@
 Every setting is reachable with ``--set key=value`` (dotted keys of the config tree; ``train --help``
 lists them all with their docs, generated from the config's field docs). Bad input stops before any
 environment, process or network starts, with one line naming the input, the value and what is allowed
-(a :class:`~muzero_tune.errors.UserError`, exit status 2); any other exception is a bug and keeps its
-traceback. ``train --resume PATH`` continues the run in PATH with the checkpoint's own config.
+(a :class:`~muzero_tune.errors.UserError`, exit status 2); a run stopped by a fault it could not recover
+from is one line too (:class:`~muzero_tune.errors.RunFault`, exit status 1); any other exception is a bug
+and keeps its traceback. ``train --resume PATH`` continues the run in PATH with the checkpoint's own config.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from muzero_tune.config import (
     to_flat_dict,
 )
 from muzero_tune.distributed.cluster import DEFAULT_CONNECT_TIMEOUT_S
-from muzero_tune.errors import PathError, UserError
+from muzero_tune.errors import PathError, RunFault, UserError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -578,6 +579,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"muzero-tune {args.command}: error: {_one_line(e)}", file=sys.stderr)
         return 2
+    except RunFault as e:
+        print(f"muzero-tune {args.command}: stopped: {_one_line(e)}", file=sys.stderr)
+        return 1
     except ImportError as e:
         from muzero_tune.envs.factory import MissingDependencyError
 

@@ -55,3 +55,9 @@ class ConfigError(UserError, ValueError):
     def __init__(self, key: str, value: Any, allowed: str):
         self.key, self.value, self.allowed = key, value, allowed
         super().__init__(f"config key '{key}' = {value!r} is invalid: {allowed}")
+
+
+class RunFault(RuntimeError):
+    """Not an input error: a run stopped on a fault it could not recover from (every actor of a kind lost,
+    a learner worker gone); the message is one line naming what was lost, where the run stood and that its
+    checkpoints are intact. The command line prints it as one line with exit status 1."""

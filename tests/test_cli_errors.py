@@ -23,7 +23,9 @@ import warnings
 
 import pytest
 import torch
-from conftest import run_cli
+from conftest import CLI_SMALL, run_cli, set_args
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests.user_envs imports from here
 
 # (id, args (with {run}, {ckpt1}, {dir} placeholders), how it runs, what the one line must contain); how it
 # runs: None in this process, "process" the real CLI in a subprocess, "ale_stub" that with ale-py and Box2D
@@ -279,3 +281,19 @@ def test_no_run_folder_is_written_by_a_refused_train(tmp_path):
     assert res.returncode == 2 and "continuous actions" in res.stderr
     assert not os.path.exists(tmp_path / "runs")
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_a_run_whose_actors_are_all_lost_stops_in_one_line(tmp_path):
+    """An async run whose only collector fails with no restart allowed: the run stops, and the command line
+    says so in one line (exit status 1, no traceback), naming the actor and the intact checkpoint."""
+    res = run_cli([
+        "train", "--async-pipeline", *set_args({
+            **CLI_SMALL, "logging.output_dir": str(tmp_path / "runs"),
+            "env.wrappers": '["tests.user_envs:BreaksAfter {steps: 40}"]',
+            "policy.async_pipeline.max_actor_restarts": 0, "max_envstep": 2000,
+        }),
+    ], cwd=REPO, timeout=300)  # fmt: skip
+    assert res.returncode == 1, res.stderr[-2000:]
+    lines = [line for line in res.stderr.splitlines() if line.startswith("muzero-tune train:")]
+    assert len(lines) == 1 and "stopped:" in lines[0] and "last checkpoint is intact" in lines[0], lines
+    assert "Traceback" not in res.stderr

@@ -27,11 +27,12 @@ from typing import Any
 
 from muzero_tune.distributed.actors import CollectorWorker, EvaluatorWorker
 from muzero_tune.distributed.placement import ActorPlacement, describe_shortfall
+from muzero_tune.errors import RunFault
 
 log = logging.getLogger("muzero_tune")
 
 
-class ActorFailureError(RuntimeError):
+class ActorFailureError(RunFault):
     """A kind of actor has none left (restarts exhausted, or no room to start one again); the run stopped
     (its checkpoints are intact)."""
 

@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from muzero_tune.config import ExperimentConfig, from_flat_dict, to_flat_dict
+from muzero_tune.errors import RunFault
 from muzero_tune.pipeline.learner import Learner, LearnOutput, StepInProgress, resolve_device, rng_state
 from muzero_tune.policies.base import Policy
 from muzero_tune.replay.targets import TrainBatch, resolve_bootstrap
@@ -47,7 +48,7 @@ from muzero_tune.replay.targets import TrainBatch, resolve_bootstrap
 __all__ = ["LearnerFailureError", "LearnerGroup", "LearnerWorker", "shard_batch"]
 
 
-class LearnerFailureError(RuntimeError):
+class LearnerFailureError(RunFault):
     """A learner worker died or did not answer; the run stopped (its checkpoints are intact)."""
 
 

@@ -75,6 +75,20 @@ class StepsTaken(gym.Wrapper):
         return obs, reward, terminated, truncated, {**info, self.key: self._n}
 
 
+class BreaksAfter(gym.Wrapper):
+    """An env that raises after ``steps`` steps of this instance (a user's env with a bug that shows late)."""
+
+    def __init__(self, env: gym.Env, steps: int = 50):
+        super().__init__(env)
+        self.steps, self._n = steps, 0
+
+    def step(self, action):
+        self._n += 1
+        if self._n > self.steps:
+            raise RuntimeError(f"the env broke after {self.steps} steps")
+        return self.env.step(action)
+
+
 class CellGrid(gym.ObservationWrapper):
     HOLES = (5, 7, 11, 12)  # FrozenLake 4x4's holes
 
