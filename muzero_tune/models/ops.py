@@ -31,6 +31,10 @@ from torch import Tensor
 __all__ = ["log_softmax_last"]
 
 
+# torch.compiler.is_compiling: torch >= 2.3 has it; without it nothing here is compiled
+_is_compiling = getattr(torch.compiler, "is_compiling", lambda: False)
+
+
 @functools.cache
 def _cpu_vector_floats() -> int:
     """float32 lanes of the SIMD level torch's CPU kernels dispatch to (0: not one measured here)."""
@@ -41,7 +45,7 @@ def log_softmax_last(x: Tensor) -> Tensor:
     """``F.log_softmax(x, dim=-1)``; [..., C] -> [..., C], gradient included, bit-identical. On the CPU, with
     C below the vector width and the rows (the product of the leading dims) a multiple of it, it runs as a
     reduction over dim 0 of ``x`` with its last dim moved first (views, no copy)."""
-    if torch.compiler.is_compiling():  # a compiled graph picks its own layout
+    if _is_compiling():  # a compiled graph picks its own layout
         return F.log_softmax(x, dim=-1)
     lanes = _cpu_vector_floats() if x.device.type == "cpu" else 0
     if x.dim() < 2 or not 0 < x.shape[-1] < lanes or math.prod(x.shape[:-1]) % lanes:

@@ -5,7 +5,7 @@ resolved (:func:`tensor_batch`), so the path from the observations through the u
 priorities traces as one graph, whose backward AOTAutograd compiles with it; what follows the graph (the
 priorities to numpy, the metrics to floats) runs eager after it. A run's batch shape is fixed, so one graph
 serves every step; with torch's automatic dynamic shapes a size or int argument that changes (a loss that
-reports ``train_iter``) compiles once more, as a symbol (at most ``RECOMPILE_LIMIT`` graphs, then eager).
+reports ``train_iter``) compiles once more, as a symbol (up to Dynamo's recompile limit, then eager).
 The first call's wall time, compile and step together, is kept as :attr:`CompiledLoss.compile_s`.
 
 A loss that cannot compile (an op Dynamo cannot trace, no C++ compiler for Inductor's CPU kernels) warns
@@ -28,8 +28,6 @@ import torch
 from muzero_tune.config import ConfigWarning
 from muzero_tune.replay.targets import TrainBatch
 
-# graphs one loss may hold (a shape or mode change compiles another) before Dynamo runs it eager
-RECOMPILE_LIMIT = 4
 # batch fields that stay host values: bookkeeping the loss never reads
 _HOST_FIELDS = ("flat_index", "make_time", "bootstrap")
 
@@ -64,7 +62,6 @@ class CompiledLoss:
         self.compiled_fn = torch.compile(loss_fn, mode=None if mode == "default" else mode)
         self.compile_s: float | None = None  # wall seconds of the first compiled call (its step included)
         self.fallback_reason: str | None = None  # why the loss runs eager, once it does
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
 
     @property
     def compiled(self) -> bool:
