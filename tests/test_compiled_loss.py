@@ -4,6 +4,7 @@ cannot compile warns once and runs eager with the eager results."""
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import warnings
 
 import numpy as np
@@ -72,6 +73,13 @@ def test_the_tensor_batch_holds_the_batch_as_tensors():
     assert isinstance(tb.obs, torch.Tensor) and isinstance(tb.target_value, torch.Tensor)
 
 
+NEEDS_CXX = pytest.mark.skipif(
+    not any(shutil.which(c) for c in ("g++", "c++", "clang++")),
+    reason="Inductor's CPU kernels need a C++ compiler",
+)
+
+
+@NEEDS_CXX
 def test_a_compiled_loss_trains_as_the_eager_one():
     """muzero's loss (which five of the types share) compiled: the same weights, target network and
     priorities within float rounding, and its compile time reported beside the step's metrics."""
@@ -98,6 +106,7 @@ def test_a_loss_that_cannot_compile_warns_once_and_runs_eager():
         assert torch.equal(broken.learner.model.state_dict()[key], ref), key
 
 
+@NEEDS_CXX
 @pytest.mark.slow
 @pytest.mark.parametrize("policy_type", list(POLICY_CLASSES))
 def test_every_policy_types_compiled_loss_trains_as_its_eager_one(policy_type):
