@@ -31,6 +31,9 @@ part is one mixin, :class:`SampledPolicyMixin`, so both types share it):
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -101,64 +104,53 @@ class SampledPolicyMixin:
             return self._build_continuous_model()
         return self._build_factored_model() if self.factored else super().build_model()
 
-    def _factored_conv_network(self) -> type | None:
-        """The network for image observations and factored actions (None: this type has none)."""
-        return None
+    def _build_continuous_model(self) -> torch.nn.Module:
+        """The network for continuous actions: the base type's MLP network with the action vector as the
+        dynamics input and a Gaussian policy head (:meth:`_continuous_network`); for image observations the
+        conv network with the action as dynamics planes (:meth:`_continuous_conv_network`)."""
+        return self._build_action_model(
+            "continuous", self._continuous_network, self._continuous_conv_network(),
+            action_dim=self.spec.action_dim,
+        )  # fmt: skip
 
     def _build_factored_model(self) -> torch.nn.Module:
         """The network for factored actions: the base type's network with the factors' logits end to end as
         its policy and the one-hot per factor as its dynamics input (:meth:`_factored_network`; for image
         observations :meth:`_factored_conv_network`)."""
-        mc, nvec = self.cfg.model, self.spec.action_nvec
-        sizes = dict(value_support_size=mc.value_support_size, reward_support_size=mc.reward_support_size,
-                     projection_dim=mc.projection_dim)  # fmt: skip
-        if mc.kind == "conv":
-            conv = self._factored_conv_network()
-            if conv is None:
-                raise ConfigError("model.kind", mc.kind, f"{self.name} has no conv network for factored "
-                                  "actions yet: use sampled_muzero for images with factored actions")
-            return conv(
-                nvec=nvec, obs_shape=tuple(self.spec.obs_shape), num_channels=mc.num_channels,
-                num_res_blocks=mc.num_res_blocks, downsample=mc.downsample, **sizes,
-            )  # fmt: skip
-        extra = {"lstm_hidden_size": self.cfg.policy.lstm_hidden_size} if self._uses_lstm() else {}
-        return self._factored_network()(
-            nvec=nvec, obs_dim=int(np.prod(self.spec.obs_shape)), latent_dim=mc.latent_dim,
-            hidden_dim=mc.hidden_dim, num_hidden_layers=mc.num_hidden_layers, **sizes, **extra,
-        )  # fmt: skip
+        return self._build_action_model(
+            "factored", self._factored_network, self._factored_conv_network(), nvec=self.spec.action_nvec
+        )
+
+    def _factored_conv_network(self) -> type | None:
+        """The network for image observations and factored actions (None: this type has none)."""
+        return None
 
     def _continuous_conv_network(self) -> type | None:
         """The network for image observations and continuous actions (None: this type has none)."""
         return None
 
-    def _build_continuous_model(self) -> torch.nn.Module:
-        """The network for continuous actions: the base type's MLP network with the action vector as the
-        dynamics input and a Gaussian policy head (:meth:`_continuous_network`); for image observations the
-        conv network with the action as dynamics planes (:meth:`_continuous_conv_network`)."""
+    def _build_action_model(
+        self, kind: str, mlp_network: Callable[[], type], conv_network: type | None, **action: Any
+    ) -> torch.nn.Module:
+        """The network for ``kind`` actions (``action``: the keyword that describes them to the network):
+        ``conv_network`` for image observations (refused where the type has none), else the MLP network
+        ``mlp_network()`` returns, with the value-prefix LSTM where the type has one."""
         mc = self.cfg.model
+        sizes = dict(value_support_size=mc.value_support_size, reward_support_size=mc.reward_support_size,
+                     projection_dim=mc.projection_dim)  # fmt: skip
         if mc.kind == "conv":
-            conv = self._continuous_conv_network()
-            if conv is None:
-                raise ConfigError("model.kind", mc.kind, f"{self.name} has no conv network for continuous "
-                                  "actions yet: use sampled_muzero for images with continuous actions")
-            return conv(
-                obs_shape=tuple(self.spec.obs_shape), action_dim=self.spec.action_dim,
-                num_channels=mc.num_channels, num_res_blocks=mc.num_res_blocks, downsample=mc.downsample,
-                value_support_size=mc.value_support_size, reward_support_size=mc.reward_support_size,
-                projection_dim=mc.projection_dim,
+            if conv_network is None:
+                raise ConfigError("model.kind", mc.kind, f"{self.name} has no conv network for {kind} "
+                                  f"actions yet: use sampled_muzero for images with {kind} actions")
+            return conv_network(
+                obs_shape=tuple(self.spec.obs_shape), num_channels=mc.num_channels,
+                num_res_blocks=mc.num_res_blocks, downsample=mc.downsample, **action, **sizes,
             )  # fmt: skip
         extra = {"lstm_hidden_size": self.cfg.policy.lstm_hidden_size} if self._uses_lstm() else {}
-        return self._continuous_network()(
-            obs_dim=int(np.prod(self.spec.obs_shape)),
-            action_dim=self.spec.action_dim,
-            latent_dim=mc.latent_dim,
-            hidden_dim=mc.hidden_dim,
-            num_hidden_layers=mc.num_hidden_layers,
-            value_support_size=mc.value_support_size,
-            reward_support_size=mc.reward_support_size,
-            projection_dim=mc.projection_dim,
-            **extra,
-        )
+        return mlp_network()(
+            obs_dim=int(np.prod(self.spec.obs_shape)), latent_dim=mc.latent_dim, hidden_dim=mc.hidden_dim,
+            num_hidden_layers=mc.num_hidden_layers, **action, **sizes, **extra,
+        )  # fmt: skip
 
     def _uses_lstm(self) -> bool:
         return False
