@@ -192,6 +192,24 @@ def test_a_collector_given_up_leaves_the_run_going_on_the_others(run_async, tmp_
     _assert_cleaned_up(run, ray_cluster, alive_after)
 
 
+@pytest.mark.parametrize("kind", ["collector", "evaluator"])
+def test_an_actor_lost_while_starting_is_started_again_and_the_run_goes_on(kind, run_async, tmp_path,
+                                                                          ray_cluster, alive_after):
+    """An actor whose process dies in its constructor (as on a node lost while the run starts: the collectors
+    are waited for at start, the evaluator boots while training runs) is restarted as one lost at work is,
+    and the run reaches its budget; the launch queued behind the lost constructor is dropped without a
+    second restart."""
+    run = run_async(tmp_path, {}, fault=FaultSpec(kind, (0,), 0, 0, "exit_on_start"))
+    st = run.stats
+    assert run.summary.stop_reason == "max_envstep" and run.summary.train_iter > 0
+    assert (st.collector_restarts, st.evaluator_restarts) == ((1, 0) if kind == "collector" else (0, 1))
+    assert len(st.restart_reasons) == 1 and st.restart_reasons[0].startswith(f"{kind} 0: lost while starting")
+    incarnations = sorted(p["incarnation"] for p in run.probe.actor_pings() if p["actor_id"] == 0)
+    assert incarnations == [0, 1]  # the other kind's actor 0, and the restarted one (the lost one never answered)
+    assert run.summary.evals  # the evaluator (restarted or not) evaluated
+    _assert_cleaned_up(run, ray_cluster, alive_after)
+
+
 def test_fault_on_every_incarnation_exhausts_max_actor_restarts(run_async, tmp_path, ray_cluster,
                                                                  alive_after):
     run = run_async(tmp_path, {AP + "max_actor_restarts": 1},

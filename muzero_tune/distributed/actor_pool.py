@@ -138,7 +138,22 @@ class ActorPool:
         ready, _ = self.ray.wait(pings, num_returns=len(pings), timeout=self.ap.actor_start_timeout_s)
         if len(ready) < len(pings):
             self._raise_not_started(len(ready), len(pings))
-        self.actor_info = self.ray.get(pings)  # in slot order: collectors, then evaluators
+        self.actor_info = []  # in slot order: collectors, then evaluators (a lost one answers when restarted)
+        for slot, ref in zip([s for s in self.slots if s not in booting], pings):
+            self._take_ping(slot, ref)
+
+    def _take_ping(self, slot: ActorSlot, ref: Any) -> bool:
+        """Record a starting actor's ping answer; True when it answered. An actor lost while it started (its
+        process or node died) is restarted as one lost at work is; an error its own constructor raised (a
+        setting, an env that cannot be made) is raised: starting it again would raise it again."""
+        try:
+            self.actor_info.append(self.ray.get(ref))
+            return True
+        except Exception as e:
+            if not lost_not_raised(e):
+                raise
+            self.restart(slot, f"lost while starting ({type(e).__name__}: {str(e).splitlines()[0][:200]})")
+            return False
 
     def take_started(self, timeout: float = 0.0) -> list[ActorSlot]:
         """The booting evaluators that have answered their ping (waiting up to ``timeout``); raises as
@@ -149,8 +164,8 @@ class ActorPool:
         started = []
         for ref in ready:
             slot = self.booting.pop(ref)
-            self.actor_info.append(self.ray.get(ref))  # raises if its constructor did
-            started.append(slot)
+            if self._take_ping(slot, ref):  # raises if its constructor did
+                started.append(slot)
         if self.booting and time.monotonic() >= self._start_deadline:
             n = len(self.slots)
             self._raise_not_started(n - len(self.booting), n)
@@ -295,6 +310,16 @@ class ActorPool:
             self.ray.wait(refs, num_returns=len(refs), timeout=self.ap.shutdown_timeout_s)
         for s in slots:
             self._kill(s)
+
+
+def lost_not_raised(err: BaseException) -> bool:
+    """True for an actor lost to its process or its node dying (Ray's system failures), False for an error
+    raised by the actor's own code (its constructor or a method)."""
+    try:
+        from ray.exceptions import RayActorError
+    except ImportError:  # no Ray: a local pool's actors are objects in this process, never lost
+        return False
+    return isinstance(err, RayActorError) and not err.actor_init_failed
 
 
 def resource_shortfall(cfg) -> str:

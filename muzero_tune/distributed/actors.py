@@ -61,6 +61,8 @@ class _Worker:
         self.node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
         base = env_factory(self.cfg, evaluation=self.kind == "evaluator")
         if fault is not None and fault.applies(self.kind, actor_id, incarnation):
+            if fault.mode == "exit_on_start":  # the process dies while it boots (as on a node that dies)
+                os._exit(17)
             first = [True]
 
             def make(seed: int):

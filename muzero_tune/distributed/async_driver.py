@@ -69,6 +69,11 @@ class _Launch:
     t_launch: float
     train_iter: int
     weights: dict | None = None  # evals: the exact CPU snapshot, for the checkpoint
+    incarnation: int = -1  # the slot's incarnation it was handed to (-1: the one current at launch)
+
+    def __post_init__(self) -> None:
+        if self.incarnation < 0:
+            self.incarnation = self.slot.incarnation
 
 
 @dataclass
@@ -309,6 +314,8 @@ class AsyncDriver:
             except Exception as e:  # actor died or raised: drop its in-flight work whole, restart it
                 if launch.slot.kind == "collector":
                     self.stats.dropped_collects += 1
+                if launch.incarnation != launch.slot.incarnation:
+                    continue  # handed to an actor already replaced (e.g. lost while starting): restarted once
                 self.actors.restart(launch.slot, f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
                 continue
             on_result(launch, result)
