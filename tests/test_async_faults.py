@@ -205,7 +205,8 @@ def test_an_actor_lost_while_starting_is_started_again_and_the_run_goes_on(kind,
     assert (st.collector_restarts, st.evaluator_restarts) == ((1, 0) if kind == "collector" else (0, 1))
     assert len(st.restart_reasons) == 1 and st.restart_reasons[0].startswith(f"{kind} 0: lost while starting")
     incarnations = sorted(p["incarnation"] for p in run.probe.actor_pings() if p["actor_id"] == 0)
-    assert incarnations == [0, 1]  # the other kind's actor 0, and the restarted one (the lost one never answered)
+    # the other kind's actor 0, and the restarted one (the lost one never answered)
+    assert incarnations == [0, 1]
     assert run.summary.evals  # the evaluator (restarted or not) evaluated
     _assert_cleaned_up(run, ray_cluster, alive_after)
 

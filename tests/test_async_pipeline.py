@@ -198,7 +198,8 @@ def test_poll_interval_s_is_the_idle_wait(tmp_path, async_config):
         took[poll] = time.monotonic() - t0
         assert took[poll] >= poll
         assert d.stats.idle_waits == 1 and d.stats.learner_idle_s == pytest.approx(took[poll], abs=0.2)
-    assert took[0.05] < 1.0 <= took[1.0] < 3.0
+    # it sleeps the interval, not a fixed one (upper bounds 10x and 5x: a loaded machine oversleeps)
+    assert took[0.05] < 0.5 and 1.0 <= took[1.0] < 5.0
 
 
 def test_enabled_dispatches_to_the_async_driver(ray_cluster, tmp_path, capsys, async_config, async_small):

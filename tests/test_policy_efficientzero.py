@@ -9,7 +9,6 @@ import os
 import numpy as np
 import pytest
 import torch
-from conftest import fit_one_trial, trial_policy
 
 from muzero_tune.config import make_config
 from muzero_tune.envs.factory import env_spec
@@ -304,15 +303,3 @@ def test_short_async_run_writes_loadable_snapshot(ray_cluster, tmp_path, async_s
     assert summary.stop_reason == "max_envstep" and summary.train_iter > 0 and summary.evals
     _check_snapshot(os.path.join(str(tmp_path), "a"), summary)
 
-
-# slow: the Tune trainable never looks at the policy type; test_tune.py runs it end to end (sync and
-# async sweeps, checkpoints evaluated again), test_policy_sampled.py a one-trial sweep of a non-default
-# policy on Pendulum, and this policy's own short sync and async runs above write and load its checkpoint
-@pytest.mark.slow
-def test_one_trial_tune_run(ray_cluster, tmp_path):
-    cfg = make_config("cartpole_efficientzero", overrides={**SMALL, "tune.storage_path": str(tmp_path)})
-    result = fit_one_trial(cfg, tmp_path)
-    assert result.metrics["envstep"] >= 400 and result.metrics["train_iter"] > 0
-    *_, ckpt = trial_policy(result)
-    assert ckpt["config"]["policy.type"] == "efficientzero"
-    assert any(k.startswith("value_prefix_head.") for k in ckpt["evaluated"]["weights"])

@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import fit_one_trial, trial_policy
 
 from muzero_tune.config import make_config
 from muzero_tune.mcts.reference import reference_search
@@ -364,14 +363,3 @@ def test_short_async_run_writes_a_loadable_evaluated_snapshot(run_async, tmp_pat
     assert run.summary.env_steps >= 400 and run.summary.train_iter > 0
     _check_snapshot(run.run_dir)
 
-
-# slow: the Tune trainable never looks at the policy type; test_tune.py runs it end to end (sync and
-# async sweeps, checkpoints evaluated again), test_policy_sampled.py a one-trial sweep of a non-default
-# policy on Pendulum, and this policy's own short sync and async runs above write and load its checkpoint
-@pytest.mark.slow
-def test_one_trial_tune_run(ray_cluster, tmp_path):
-    cfg = make_config(PRESET, overrides={**SMALL, "tune.storage_path": str(tmp_path)})
-    result = fit_one_trial(cfg, tmp_path)
-    assert result.metrics["envstep"] >= 400 and result.metrics["train_iter"] > 0
-    *_, ckpt = trial_policy(result)
-    assert ckpt["config"]["policy.type"] == "muzero_rnn_full_obs"

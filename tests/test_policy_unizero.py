@@ -14,7 +14,6 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import fit_one_trial, trial_policy
 
 from muzero_tune.config import make_config
 from muzero_tune.models import logits_to_scalar
@@ -602,18 +601,6 @@ def test_short_async_run(run_async, tmp_path, driver_calls):
     assert run.summary.train_iter > 0 and run.summary.env_steps >= 400
     _check_driver_calls(driver_calls, run.driver.core.learner, run.summary.train_iter)
     _check_snapshot(run.run_dir)
-
-
-# slow: the Tune trainable never looks at the policy type; test_tune.py runs it end to end (sync and
-# async sweeps, checkpoints evaluated again), test_policy_sampled.py a one-trial sweep of a non-default
-# policy on Pendulum, and this policy's own short sync and async runs above write and load its checkpoint
-@pytest.mark.slow
-def test_one_trial_tune_run(ray_cluster, tmp_path):
-    cfg = make_config(PRESET, overrides={**SMALL, "tune.storage_path": str(tmp_path)})
-    result = fit_one_trial(cfg, tmp_path)
-    assert result.metrics["train_iter"] > 0
-    cfg2, policy, model, ckpt = trial_policy(result)
-    assert cfg2.policy.type == "unizero" and ckpt["evaluated"]["weights"]
 
 
 def test_pong_preset_builds_acts_and_trains_one_step():

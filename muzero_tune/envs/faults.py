@@ -3,8 +3,8 @@
 A :class:`FaultSpec` names the actor ids and the window of env steps (counted per actor incarnation) in
 which an env fails, and how: ``raise`` an exception from ``step``, ``exit`` the process (as if killed
 mid-collect), ``hang`` (sleep far past any timeout), or ``exit_on_start`` (the actor's process exits in its
-constructor, as on a node that dies while the actor boots; the step window is not used). Only the listed incarnations fail, so a restarted
-actor runs clean. Nothing here runs unless a FaultSpec is passed explicitly.
+constructor, as on a node that dies while the actor boots; the step window is not used). Only the listed
+incarnations fail, so a restarted actor runs clean. Nothing here runs unless a FaultSpec is passed explicitly.
 """
 
 from __future__ import annotations
