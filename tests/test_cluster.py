@@ -156,7 +156,8 @@ def test_a_collector_lost_with_no_room_left_leaves_the_run_going_on_the_other(th
 
     The start timeout is five times what starting the actors takes here under load (about 3 s), and the
     run's remaining 5,800 env steps on one collector take about four times that timeout on 2 cores, so the
-    replacement is reported once as not started while the run goes on."""
+    replacement is reported once as not started while the run goes on, and killed at the end without
+    waiting out the shutdown timeout."""
     ray = three_nodes["ray"]
     probe = DriverProbe()
     with _a_collectors_node_removed(three_nodes, probe, collectors=2) as removed:
@@ -164,7 +165,7 @@ def test_a_collector_lost_with_no_room_left_leaves_the_run_going_on_the_other(th
             summary = _run(
                 tmp_path,
                 {AP + "placement_strategy": "SPREAD", AP + "num_collector_actors": 2, "max_envstep": 6000,
-                 AP + "actor_start_timeout_s": 15},
+                 AP + "actor_start_timeout_s": 15, AP + "shutdown_timeout_s": 60},
                 probe,
                 exp_name="no_room",
             )  # fmt: skip
@@ -173,6 +174,7 @@ def test_a_collector_lost_with_no_room_left_leaves_the_run_going_on_the_other(th
     assert summary.stop_reason == "max_envstep" and summary.env_steps >= 6000
     assert st.collector_failures == 1 and st.collector_restarts == 1 and st.evaluator_restarts == 0
     assert sorted(s.state for s in driver.actors.collectors) == ["starting", "up"]  # still waited for
+    assert st.shutdown_s < 30  # the one still starting is killed at the end, not asked to close (60 s wait)
     assert summary.evals[-1]["pipeline/collectors_up"] == 1
     waiting = [r.getMessage() for r in caplog.records if "did not start again" in r.getMessage()]
     assert len(waiting) == 1 and "the run goes on with 1 of 2 collectors" in waiting[0]

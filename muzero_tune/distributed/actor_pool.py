@@ -298,10 +298,15 @@ class ActorPool:
     # ------------------------------------------------------------------ shutdown
 
     def shutdown(self) -> None:
-        """Ask every actor to close, wait up to ``shutdown_timeout_s``, then kill them all."""
+        """Ask every actor that is up to close, wait up to ``shutdown_timeout_s``, then kill them all (a
+        replacement still starting, e.g. one with no room for its bundle, is killed without asking: a close
+        queued behind a constructor that never runs would only wait out the timeout)."""
+        t0 = time.monotonic()
         slots = [s for s in self.slots if s.handle is not None and s.state != "lost"]
         refs = []
         for s in slots:
+            if s.state == "starting":
+                continue
             try:
                 refs.append(s.handle.close.remote())
             except Exception:
@@ -310,6 +315,7 @@ class ActorPool:
             self.ray.wait(refs, num_returns=len(refs), timeout=self.ap.shutdown_timeout_s)
         for s in slots:
             self._kill(s)
+        self.stats.shutdown_s = time.monotonic() - t0
 
 
 def lost_not_raised(err: BaseException) -> bool:

@@ -103,6 +103,7 @@ class AsyncStats:
     evaluator_failures: int = 0
     dropped_collects: int = 0
     start_retries: int = 0  # replacement actors that died before answering their first ping, started again
+    shutdown_s: float = 0.0  # seconds closing the actors took at the end of the run
     restart_reasons: list[str] = field(default_factory=list)  # "<kind> <index>: <why>" per failure
     learner_idle_s: float = 0.0
     digest_mismatches: int = 0

@@ -1,9 +1,10 @@
 """Acting on CartPole: the search's recurrent network call and a whole collect step, variants side by side.
 
 Variants of the recurrent call at the collect batch (8 envs): eager under ``torch.no_grad`` (the previous
-path), eager under ``torch.inference_mode``, and the traced twin the search now uses
-(:mod:`muzero_tune.models.traced`); then ``policy.act`` (8 envs, the preset's 25 simulations) with the traced
-call against the same model forced eager. Interleaved rounds; medians and per-round ratios.
+path), eager under ``torch.inference_mode``, the traced twin the search now uses
+(:mod:`muzero_tune.models.traced`), and ``torch.compile`` of the same call in each ``--compile-modes`` mode
+(static shapes; compile seconds printed); then ``policy.act`` (8 envs, the preset's 25 simulations) with the
+traced call against the same model forced eager. Interleaved rounds; medians and per-round ratios.
 
     python scripts/bench/bench_acting.py [--rounds 15] [--calls 200] [--clock cpu]
 
@@ -21,7 +22,7 @@ import numpy as np
 import torch
 
 from muzero_tune.config import make_config
-from muzero_tune.models.traced import recurrent_outputs
+from muzero_tune.models.traced import _Recurrent, recurrent_outputs
 from muzero_tune.pipeline.core import make_policy, setup_torch_threads
 
 
@@ -31,6 +32,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--calls", type=int, default=200, help="recurrent calls per variant per round")
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="wall time or this process's CPU")
+    p.add_argument("--compile-modes", nargs="*", default=["default", "max-autotune-no-cudagraphs"],
+                   help="torch.compile modes of the recurrent call to measure beside the others (none: skip)")
     args = p.parse_args(argv)
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     setup_torch_threads()
@@ -64,6 +67,19 @@ def main(argv: list[str] | None = None) -> None:
         return lambda: policy.act(net, obs, mask, explore=True, temperature=1.0, rng=rng)
 
     calls = {"eager no_grad": eager_no_grad, "eager inference_mode": eager_inference_mode, "traced": traced}
+    compile_s = {}
+    for mode in args.compile_modes:
+        compiled = torch.compile(_Recurrent(model), mode=mode, dynamic=False)
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            compiled(latent, action)  # the compile
+        compile_s[mode] = time.perf_counter() - t0
+
+        def run_compiled(fn=compiled):
+            with torch.no_grad():
+                fn(latent, action)
+
+        calls[f"compiled {mode}"] = run_compiled
     steps = {"act, traced": act(model), "act, eager": act(eager_model)}
     for fn in (*calls.values(), *steps.values()):
         fn()
@@ -81,6 +97,8 @@ def main(argv: list[str] | None = None) -> None:
             times[name].append((clock() - t0) / max(1, args.calls // 50))
     print(f"preset={args.preset} batch={b} sims={cfg.mcts.num_simulations} rounds={args.rounds} "
           f"clock={args.clock} load={os.getloadavg()[0]:.1f}")  # fmt: skip
+    for mode, sec in compile_s.items():
+        print(f"  compile {mode}: {sec:.1f} s")
 
     def ratio_text(slow: np.ndarray, fast: np.ndarray) -> str:
         r = slow / fast
