@@ -69,11 +69,10 @@ class _Launch:
     t_launch: float
     train_iter: int
     weights: dict | None = None  # evals: the exact CPU snapshot, for the checkpoint
-    incarnation: int = -1  # the slot's incarnation it was handed to (-1: the one current at launch)
+    incarnation: int = field(init=False)  # the slot's incarnation it was handed to
 
     def __post_init__(self) -> None:
-        if self.incarnation < 0:
-            self.incarnation = self.slot.incarnation
+        self.incarnation = self.slot.incarnation
 
 
 @dataclass
