@@ -4,14 +4,16 @@ guard, three times the wall time listed with it in ``GOALS`` (what it takes on 2
 far off its course ends; a run the guard stopped says so with the machine's load average.
 
 - CartPole-v1 >= 195 within 30k env steps (about 10 minutes): MuZero and UniZero on seeds 0, 1, 2, the other
-  discrete types on seed 0, the discrete sampled search (K = 2) on seeds 0-2;
+  types on seed 0, the discrete sampled search (K = 2) on seeds 0-2;
 - Pendulum-v1 >= -250 within 50k env steps (both sampled types, seeds 0-2), InvertedPendulum-v5 >= 950
   within 30k (the mujoco extra); Pendulum-v1 >= -300 within 50k for sampled_unizero (seed 0);
 - Acrobot-v1 >= -100 within 50k env steps (``acrobot_muzero``, seeds 0-2);
 - LunarLander-v3 >= 100 within 150k env steps (``lunarlander_muzero`` / ``lunarlander_efficientzero``,
   seed 0; the box2d extra; hours each on 2 cores);
 - muzero_tune/CartPoleNoVel-v1 (velocities hidden) >= 195 within 50k env steps
-  (``cartpole_novel_muzero_rnn_full_obs``, seeds 0-2).
+  (``cartpole_novel_muzero_rnn_full_obs`` and ``cartpole_novel_unizero``, seeds 0-2).
+
+A preset with a ``stop_value`` and no goal here is in ``NOT_CHECKED`` with the reason.
 
 A failure names the preset, the seed and the figure reached. Slow (seconds to hours per run on 2 cores):
 ``python -m pytest -q -m slow tests/test_learning.py`` (``-k acrobot`` etc. for one task).
@@ -45,6 +47,8 @@ GOALS = [
     *[("pendulum_sampled_muzero", s, 50_000, 900) for s in (0, 1, 2)],
     ("inverted_pendulum_sampled_efficientzero", 0, 30_000, 900),
     *[("cartpole_sampled_muzero", s, *CARTPOLE) for s in (0, 1, 2)],
+    ("cartpole_sampled_efficientzero", 0, *CARTPOLE),
+    ("cartpole_sampled_unizero", 0, 30_000, 900),
     ("pendulum_sampled_unizero", 0, 50_000, 3_600),
     # beyond CartPole
     *[("acrobot_muzero", s, 50_000, 2_400) for s in (0, 1, 2)],
@@ -52,12 +56,29 @@ GOALS = [
     ("lunarlander_efficientzero", 0, 150_000, 4 * 3_600),
     # CartPole with its velocities hidden: history carries them
     *[("cartpole_novel_muzero_rnn_full_obs", s, 50_000, 1_800) for s in (0, 1, 2)],
+    *[("cartpole_novel_unizero", s, 50_000, 1_800) for s in (0, 1, 2)],
     # an env with no preset of its own before: FrozenLake's Discrete observations, one-hot
     *[("frozenlake_muzero", s, 20_000, 600) for s in (0, 1, 2)],
     # grids on the conv network at full resolution (the minatar extra)
     *[("minatar_breakout_muzero", s, 30_000, 2_400) for s in (0, 1, 2)],
     *[("minigrid_empty_muzero", s, 20_000, 1_800) for s in (0, 1, 2)],
 ]
+
+# presets with a stop_value and no goal above, and why
+NOT_CHECKED = {
+    "pong_muzero": "Atari Pong at 20 takes millions of env steps on a GPU; pong_muzero_smoke runs the "
+    "pipeline",
+    "pong_sampled_efficientzero": "as pong_muzero",
+    "pong_unizero": "as pong_muzero; pong_unizero_smoke runs its pipeline",
+    "lunarlander_cont_sampled_efficientzero": "a 1M env-step budget (days on 2 cores); its pipeline is the "
+    "Pendulum presets' with the env switched",
+    "stochastic_cartpole_stochastic_muzero": "chance nodes on a slippery CartPole, 50k env steps; "
+    "cartpole_stochastic_muzero checks the type's learning",
+    "cartpole_novel_muzero": "positions only with frame_stack 1 (best 48.2 in 15k env steps): the comparison "
+    "figure for the types with history",
+    "cartpole_novel_muzero_context": "its carried root never sees an earlier observation, so it cannot "
+    "recover the hidden velocities (docs/learning_report/cartpole_novel)",
+}
 
 EXTRAS = {  # env id prefix -> (module, the extra that installs it)
     "MinAtar": ("minatar", "minatar"),
@@ -119,6 +140,15 @@ def test_every_goal_preset_exists_and_stops_at_its_threshold():
         cfg = make_config(preset, overrides={"seed": seed}, check_env=False)
         assert cfg.stop_value is not None and cfg.max_envstep >= max_envsteps, preset
         assert cfg.eval.n_episodes == 8, preset
+
+
+def test_every_preset_with_a_stop_value_has_a_goal_or_says_why_not():
+    from muzero_tune.config.presets import PRESETS
+
+    with_goal = {preset for preset, *_ in GOALS}
+    with_stop = {name for name in PRESETS if make_config(name, check_env=False).stop_value is not None}
+    assert with_stop - with_goal == set(NOT_CHECKED)
+    assert not with_goal & set(NOT_CHECKED)
 
 
 def _goal_params():
