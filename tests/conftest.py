@@ -78,6 +78,7 @@ class DriverProbe(list):
         self.collects: list[dict] = []
         self.evals: list[dict] = []
         self.pings: list[Any] = []
+        self.spawns: list[tuple[str, int, int]] = []  # (kind, index, incarnation) of every actor created
 
     def append(self, driver) -> None:  # type: ignore[override]
         super().append(driver)
@@ -99,11 +100,13 @@ class DriverProbe(list):
 
         def _spawn(slot):
             spawn(slot)
+            self.spawns.append((slot.kind, slot.index, slot.incarnation))
             self.pings.append(slot.handle.ping.remote())
 
         driver.on_collect, driver.on_eval, driver.actors.spawn = _on_collect, _on_eval, _spawn
         # the actors the driver created while it was being built (its collectors boot beside its learner)
         self.pings += [s.handle.ping.remote() for s in driver.actors.slots if s.handle]
+        self.spawns += [(s.kind, s.index, s.incarnation) for s in driver.actors.slots if s.handle]
 
     @property
     def driver(self):

@@ -57,8 +57,9 @@ def test_failed_collector_is_restarted_and_its_collect_dropped(mode, fault, run_
     failed = fault.actor_ids[0]
     steps = _assert_nothing_partial_was_pushed(run, dropped={(failed, 0)})
     assert (1 - failed, 0) in steps  # the healthy collector's streams are there
-    incarnations = {(p["actor_id"], p["incarnation"]) for p in run.probe.actor_pings()}
-    assert (failed, 1) in incarnations  # the slot got a fresh actor, which came up before the run went on
+    # the slot got a fresh actor; the run does not wait for it, so on a loaded machine it may still be booting
+    # when the run ends (and is then killed without answering)
+    assert ("collector", failed, 1) in run.probe.spawns
     if mode == "raise":  # positive controls of the buffer check, on this run's buffer
         _partial_pushes_are_caught(run, failed)
     _assert_cleaned_up(run, ray_cluster, alive_after)
