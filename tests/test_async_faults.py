@@ -212,6 +212,21 @@ def test_an_actor_lost_while_starting_is_started_again_and_the_run_goes_on(kind,
     _assert_cleaned_up(run, ray_cluster, alive_after)
 
 
+@pytest.mark.parametrize("kind", ["collector", "evaluator"])
+def test_an_actor_whose_constructor_raises_stops_the_run_with_that_error_and_no_restart(
+        kind, run_async, tmp_path, ray_cluster, alive_after):
+    """A constructor that raises (a setting or env the actor cannot use) would raise again in a replacement:
+    the run stops with that error, restarting nothing, whether the actor is awaited at start (collectors) or
+    boots while training runs with an evaluation queued behind it (the evaluator)."""
+    run = run_async(tmp_path, {}, fault=FaultSpec(kind, (0,), 0, 0, "raise_on_start"), expect_error=Exception)
+    assert f"injected constructor error in {kind} 0" in str(run.error)
+    st = run.stats
+    assert (st.collector_restarts, st.evaluator_restarts) == (0, 0) and st.restart_reasons == []
+    assert (kind, 0, 1) not in run.probe.spawns  # no second incarnation was created
+    assert ray_cluster.util.placement_group_table(run.driver.placement.placement_group)["state"] == "REMOVED"
+    assert not alive_after({p["pid"] for p in run.probe.actor_pings()})
+
+
 def test_fault_on_every_incarnation_exhausts_max_actor_restarts(run_async, tmp_path, ray_cluster,
                                                                  alive_after):
     run = run_async(tmp_path, {AP + "max_actor_restarts": 1},

@@ -155,6 +155,18 @@ class ActorPool:
             self.restart(slot, f"lost while starting ({type(e).__name__}: {str(e).splitlines()[0][:200]})")
             return False
 
+    def launch_failed(self, slot: ActorSlot, why: str) -> None:
+        """Restart ``slot`` after its launched work failed with ``why``. An evaluator still booting is judged
+        by its ping, which answered first (an actor runs its calls in order): a raising constructor is
+        raised, a process lost while starting is restarted as such, one that answered and died later as
+        lost at work."""
+        ping = next((ref for ref, s in self.booting.items() if s is slot), None)
+        if ping is not None:
+            del self.booting[ping]
+            if not self._take_ping(slot, ping):
+                return  # restarted as lost while starting
+        self.restart(slot, why)
+
     def take_started(self, timeout: float = 0.0) -> list[ActorSlot]:
         """The booting evaluators that have answered their ping (waiting up to ``timeout``); raises as
         :meth:`start` does when one has not answered by its deadline or failed to start."""

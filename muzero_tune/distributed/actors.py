@@ -63,6 +63,8 @@ class _Worker:
         if fault is not None and fault.applies(self.kind, actor_id, incarnation):
             if fault.mode == "exit_on_start":  # the process dies while it boots (as on a node that dies)
                 os._exit(17)
+            if fault.mode == "raise_on_start":  # the actor's own code refuses to start
+                raise RuntimeError(f"injected constructor error in {self.kind} {actor_id}")
             first = [True]
 
             def make(seed: int):

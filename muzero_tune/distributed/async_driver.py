@@ -316,7 +316,7 @@ class AsyncDriver:
                     self.stats.dropped_collects += 1
                 if launch.incarnation != launch.slot.incarnation:
                     continue  # handed to an actor already replaced (e.g. lost while starting): restarted once
-                self.actors.restart(launch.slot, f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
+                self.actors.launch_failed(launch.slot, f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
                 continue
             on_result(launch, result)
 

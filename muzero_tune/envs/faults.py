@@ -2,8 +2,9 @@
 
 A :class:`FaultSpec` names the actor ids and the window of env steps (counted per actor incarnation) in
 which an env fails, and how: ``raise`` an exception from ``step``, ``exit`` the process (as if killed
-mid-collect), ``hang`` (sleep far past any timeout), or ``exit_on_start`` (the actor's process exits in its
-constructor, as on a node that dies while the actor boots; the step window is not used). Only the listed
+mid-collect), ``hang`` (sleep far past any timeout), ``exit_on_start`` (the actor's process exits in its
+constructor, as on a node that dies while the actor boots) or ``raise_on_start`` (its constructor raises, as
+on a setting the actor cannot use); the step window is not used by the last two. Only the listed
 incarnations fail, so a restarted actor runs clean. Nothing here runs unless a FaultSpec is passed explicitly.
 """
 
@@ -26,7 +27,7 @@ class FaultSpec:
     actor_ids: tuple[int, ...]
     start_step: int  # first failing env step (per actor incarnation, counted over its env 0)
     end_step: int  # last failing env step
-    mode: str = "raise"  # raise | exit | hang | exit_on_start
+    mode: str = "raise"  # raise | exit | hang | exit_on_start | raise_on_start
     incarnations: tuple[int, ...] = (0,)
 
     def applies(self, kind: str, actor_id: int, incarnation: int) -> bool:
