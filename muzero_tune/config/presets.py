@@ -126,11 +126,15 @@ PRESETS["stochastic_cartpole_stochastic_muzero"] = {
 # A span floor of 30 value units (CartPole values are 0 .. ~300) keeps small gaps small (floors from 3 to 100
 # were compared; 30 had the best median and worst case). The Gumbel policy target (the improved policy)
 # learns faster with MuZero's loss convention (root terms at full weight, each unrolled step at 1/K).
+# Root Gumbel noise at scale 2 when collecting: at 1 the collected actions follow the near one-hot policy, a
+# seed's cart drifts off the track at ~130 steps in training and evaluation alike and stays there for 30k
+# env steps (chosen on that seed, 2; docs/learning-report.md gives the seeds it was not chosen on).
 PRESETS["cartpole_gumbel_muzero"] = {
     **PRESETS["cartpole_gumbel_muzero"],
     "mcts.num_simulations": 16,
     "mcts.value_delta_max": 30.0,
     "learn.unroll_loss_scale": "per_step",
+    "policy.gumbel_scale": 2.0,
 }
 
 # muzero_context: roots are carried up to context_length_init - 1 dynamics steps, so the SSL consistency loss
