@@ -234,9 +234,9 @@ class LearnConfig:
     device: str = param("cpu", "learner device: cpu, auto (cuda when present) or cuda[:N]")
     compile: str = param(
         "off",
-        "torch.compile the loss's forward and backward (pipeline/compiled_loss.py): off, default, or "
-        "max-autotune-no-cudagraphs (longer compile, faster matmuls on small CPU networks); a type whose "
-        "loss cannot compile runs eager with one warning naming the cause",
+        "torch.compile the loss's forward and backward and the optimizer's step (pipeline/compiled_loss.py): "
+        "off, default, or max-autotune-no-cudagraphs (longer compile, faster matmuls on small CPU networks); "
+        "a part that cannot compile runs eager with one warning naming the cause",
         choices=("off", "default", "max-autotune-no-cudagraphs"),
     )
     mixed_precision: bool = param(

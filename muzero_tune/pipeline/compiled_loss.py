@@ -1,4 +1,5 @@
-"""The learner's compiled loss (``learn.compile``): ``torch.compile`` of a policy's ``compute_loss``.
+"""The learner's compiled step (``learn.compile``): ``torch.compile`` of a policy's ``compute_loss`` and of
+the optimizer's step.
 
 The compiled loss takes a batch whose arrays are torch tensors on the learner's device, its value targets
 resolved (:func:`tensor_batch`), so the path from the observations through the unroll to the loss and the
@@ -12,6 +13,12 @@ A loss that cannot compile (an op Dynamo cannot trace, no C++ compiler for Induc
 once, naming the error, and runs eager from then on: the run goes on with the same results, only slower.
 The SSL targets are encoded inside the graph (the learner's helper-thread SSL offload hands the loss a
 callable, which a graph cannot take), and the bootstrap values are waited for before the graph starts.
+
+The optimizer's step (:class:`CompiledOptimizerStep`) is a second graph: every parameter's update (Adam's
+moments, weight decay, momentum) fused into a few kernels instead of one multi-tensor op after another. Its
+learning rate is a Python float the graph is specialised on, so a schedule that changes it at milestones
+compiles once per value; one that changes it every step (``cosine``) keeps the eager step
+(:func:`optimizer_step_compiles`), as does a run whose fp16 gradient scaler steps the optimizer.
 """
 
 from __future__ import annotations
@@ -90,3 +97,51 @@ class CompiledLoss:
         if self.compile_s is None:
             self.compile_s = time.perf_counter() - t0
         return out
+
+
+def optimizer_step_compiles(lr_schedule: str, grad_scaler_enabled: bool) -> bool:
+    """Whether ``learn.compile`` compiles the optimizer's step too: not under a learning rate that changes
+    every step (each value would compile anew) nor behind fp16's gradient scaler (which steps the optimizer
+    itself, skipping steps with inf gradients)."""
+    return lr_schedule != "cosine" and not grad_scaler_enabled
+
+
+class CompiledOptimizerStep:
+    """``optimizer.step()`` compiled with ``torch.compile(mode=mode)``; eager from the first call that fails
+    to compile (one warning naming the cause). The first call's wall time, compile and update together, is
+    kept as :attr:`compile_s`."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, *, mode: str, policy_name: str):
+        self.optimizer = optimizer
+        self.mode = mode
+        self.policy_name = policy_name
+        self.compiled_fn = torch.compile(optimizer.step, mode=None if mode == "default" else mode)
+        self.compile_s: float | None = None
+        self.fallback_reason: str | None = None
+
+    @property
+    def compiled(self) -> bool:
+        return self.fallback_reason is None
+
+    def __call__(self) -> None:
+        if not self.compiled:
+            self.optimizer.step()
+            return
+        t0 = time.perf_counter()
+        try:
+            self.compiled_fn()
+        except Exception as exc:  # noqa: BLE001 (a compile failure: the update has not run, it runs eager)
+            if self.compile_s is not None:
+                raise
+            said = [line.strip() for line in str(exc).splitlines() if line.strip()][:2]
+            self.fallback_reason = f"{type(exc).__name__}: {' '.join(said)[:300]}"
+            warnings.warn(
+                f"learn.compile={self.mode}: {self.policy_name}'s optimizer step does not compile "
+                f"({self.fallback_reason}); it runs eager",
+                ConfigWarning,
+                stacklevel=2,
+            )
+            self.optimizer.step()
+            return
+        if self.compile_s is None:
+            self.compile_s = time.perf_counter() - t0

@@ -13,7 +13,7 @@ the last SSL target encodings there too (:mod:`~muzero_tune.pipeline.ssl_offload
 lets the driver start the next batch's bootstrap forward beside this step's backward (``DriverCore``'s
 prefetch; :meth:`Learner.target_stays` says when the target network allows it). ``learn.mixed_precision``
 autocasts both forwards (bf16 on CUDA and on CPUs with native bf16); the weights, gradients and optimizer
-stay fp32. ``learn.compile`` runs the loss's forward and backward compiled
+stay fp32. ``learn.compile`` runs the loss's forward and backward, and the optimizer's step, compiled
 (:mod:`~muzero_tune.pipeline.compiled_loss`). ``state_dict()`` holds everything needed to continue exactly
 -- model, target model, optimizer, scheduler, train_iter and the RNG states of torch, numpy and Python --
 and is loadable with ``torch.load(weights_only=True)``.
@@ -38,7 +38,7 @@ import torch
 from muzero_tune.config import ConfigError, ConfigWarning, ExperimentConfig, LearnConfig
 from muzero_tune.errors import DivergedError
 from muzero_tune.models.layout import place_model
-from muzero_tune.pipeline.compiled_loss import CompiledLoss
+from muzero_tune.pipeline.compiled_loss import CompiledLoss, CompiledOptimizerStep, optimizer_step_compiles
 from muzero_tune.pipeline.ssl_offload import SslOffload
 from muzero_tune.policies.base import LossOutput, Policy
 from muzero_tune.replay.targets import TrainBatch, resolve_bootstrap, start_bootstrap
@@ -263,13 +263,19 @@ class Learner:
         # the loss: policy.compute_loss(model, batch, train_iter=, ...); a data-parallel learner stands in
         # its DistributedDataParallel wrapper (muzero_tune.distributed.learner_group)
         self.loss_fn: Callable[..., Any] = policy.compute_loss
-        # learn.compile: the loss compiled (None: eager); its first call's wall time is compile_s
+        # learn.compile: the loss and the optimizer's step compiled (None: eager); their first calls' wall
+        # time is compile_s
         self.compiled_loss: CompiledLoss | None = None
+        self.compiled_optimizer_step: CompiledOptimizerStep | None = None
         if lc.compile != "off":
             self.compiled_loss = CompiledLoss(
                 policy.compute_loss, mode=lc.compile, device=self.device, policy_name=policy.name
             )
             self.loss_fn = self.compiled_loss
+            if optimizer_step_compiles(lc.lr_schedule, self._scaler.is_enabled()):
+                self.compiled_optimizer_step = CompiledOptimizerStep(
+                    self.optimizer, mode=lc.compile, policy_name=policy.name
+                )
 
     def _make_ssl_offload(self) -> SslOffload | None:
         lc = self.cfg.learn
@@ -376,8 +382,11 @@ class Learner:
             self._scaler.scale(out.loss).backward()
             self._scaler.unscale_(self.optimizer)
             grad_norm = clip_grad_norm(self._params, lc.grad_clip_norm)
-            self._scaler.step(self.optimizer)
-            self._scaler.update()
+            if self.compiled_optimizer_step is not None:  # no gradient scaler: optimizer_step_compiles
+                self.compiled_optimizer_step()
+            else:
+                self._scaler.step(self.optimizer)
+                self._scaler.update()
         self.scheduler.step()
         self.train_iter += 1
         self._update_target()
@@ -385,8 +394,10 @@ class Learner:
         metrics = dict(out.metrics)
         metrics["train/grad_norm"] = grad_norm
         metrics["train/lr"] = float(self.optimizer.param_groups[0]["lr"])
-        if self.compiled_loss is not None and self.compiled_loss.compile_s is not None:
-            metrics["train/compile_s"] = self.compiled_loss.compile_s
+        compiled = (self.compiled_loss, self.compiled_optimizer_step)
+        compile_s = [c.compile_s for c in compiled if c is not None and c.compile_s is not None]
+        if compile_s:
+            metrics["train/compile_s"] = sum(compile_s)
         return LearnOutput(priorities=out.priorities, metrics=metrics)
 
     def target_changed_at(self, train_iter: int) -> bool:
