@@ -57,46 +57,63 @@ def tensor_batch(batch: TrainBatch, device: torch.device) -> TrainBatch:
     return dataclasses.replace(resolved, **moved, extras={k: to_tensor(v) for k, v in batch.extras.items()})
 
 
-class CompiledLoss:
-    """``loss_fn(model, batch, train_iter=...)`` compiled with ``torch.compile(mode=mode)``, called on
-    :func:`tensor_batch` batches; eager from the first call that fails to compile."""
+class _CompiledOnce:
+    """``fn`` compiled with ``torch.compile(mode=mode)``; eager from the first call that fails to compile,
+    after one warning naming ``what`` and the cause. The first compiled call's wall time, compile and run
+    together, is kept as :attr:`compile_s`."""
 
-    def __init__(self, loss_fn: Callable[..., Any], *, mode: str, device: torch.device, policy_name: str):
-        self.eager_fn = loss_fn
-        self.device = device
+    def __init__(self, fn: Callable[..., Any], *, what: str, mode: str, policy_name: str):
+        self.eager_fn = fn
+        self.what = what
         self.mode = mode
         self.policy_name = policy_name
-        self.compiled_fn = torch.compile(loss_fn, mode=None if mode == "default" else mode)
-        self.compile_s: float | None = None  # wall seconds of the first compiled call (its step included)
-        self.fallback_reason: str | None = None  # why the loss runs eager, once it does
+        self.compiled_fn = torch.compile(fn, mode=None if mode == "default" else mode)
+        self.compile_s: float | None = None  # wall seconds of the first compiled call (its run included)
+        self.fallback_reason: str | None = None  # why it runs eager, once it does
 
     @property
     def compiled(self) -> bool:
         return self.fallback_reason is None
 
-    def __call__(self, model: torch.nn.Module, batch: TrainBatch, **kwargs: Any) -> Any:
-        kwargs.pop("ssl_latent", None)  # encoded in the graph (module docstring)
-        if not self.compiled:  # the eager loss on the batch as it came (its arrays where it reads numpy)
-            return self.eager_fn(model, batch, **kwargs)
+    def _run(self, run_compiled: Callable[[], Any], run_eager: Callable[[], Any]) -> Any:
+        """``run_compiled()`` while it compiles, else ``run_eager()`` (a failed compile has run nothing)."""
+        if not self.compiled:
+            return run_eager()
         t0 = time.perf_counter()
         try:
-            out = self.compiled_fn(model, tensor_batch(batch, self.device), **kwargs)
-        except Exception as exc:  # noqa: BLE001 (any compile failure: the loss itself is checked eager next)
+            out = run_compiled()
+        except Exception as exc:  # noqa: BLE001 (any compile failure: the eager call runs next)
             if self.compile_s is not None:
-                raise  # compiled before: an error of the step, not of compiling
+                raise  # compiled before: an error of the call, not of compiling
             # the first two lines: Inductor says "backend raised:" first and the cause next
             said = [line.strip() for line in str(exc).splitlines() if line.strip()][:2]
             self.fallback_reason = f"{type(exc).__name__}: {' '.join(said)[:300]}"
             warnings.warn(
-                f"learn.compile={self.mode}: {self.policy_name}'s loss does not compile "
+                f"learn.compile={self.mode}: {self.policy_name}'s {self.what} does not compile "
                 f"({self.fallback_reason}); it runs eager",
                 ConfigWarning,
-                stacklevel=2,
+                stacklevel=3,  # the caller of __call__
             )
-            return self.eager_fn(model, batch, **kwargs)
+            return run_eager()
         if self.compile_s is None:
             self.compile_s = time.perf_counter() - t0
         return out
+
+
+class CompiledLoss(_CompiledOnce):
+    """``loss_fn(model, batch, train_iter=...)`` compiled, called on :func:`tensor_batch` batches; eager (on
+    the batch as it came, its arrays where it reads numpy) from the first call that fails to compile."""
+
+    def __init__(self, loss_fn: Callable[..., Any], *, mode: str, device: torch.device, policy_name: str):
+        super().__init__(loss_fn, what="loss", mode=mode, policy_name=policy_name)
+        self.device = device
+
+    def __call__(self, model: torch.nn.Module, batch: TrainBatch, **kwargs: Any) -> Any:
+        kwargs.pop("ssl_latent", None)  # encoded in the graph (module docstring)
+        return self._run(
+            lambda: self.compiled_fn(model, tensor_batch(batch, self.device), **kwargs),
+            lambda: self.eager_fn(model, batch, **kwargs),
+        )
 
 
 def optimizer_step_compiles(lr_schedule: str, grad_scaler_enabled: bool) -> bool:
@@ -106,42 +123,11 @@ def optimizer_step_compiles(lr_schedule: str, grad_scaler_enabled: bool) -> bool
     return lr_schedule != "cosine" and not grad_scaler_enabled
 
 
-class CompiledOptimizerStep:
-    """``optimizer.step()`` compiled with ``torch.compile(mode=mode)``; eager from the first call that fails
-    to compile (one warning naming the cause). The first call's wall time, compile and update together, is
-    kept as :attr:`compile_s`."""
+class CompiledOptimizerStep(_CompiledOnce):
+    """``optimizer.step()`` compiled; eager from the first call that fails to compile."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, *, mode: str, policy_name: str):
-        self.optimizer = optimizer
-        self.mode = mode
-        self.policy_name = policy_name
-        self.compiled_fn = torch.compile(optimizer.step, mode=None if mode == "default" else mode)
-        self.compile_s: float | None = None
-        self.fallback_reason: str | None = None
-
-    @property
-    def compiled(self) -> bool:
-        return self.fallback_reason is None
+        super().__init__(optimizer.step, what="optimizer step", mode=mode, policy_name=policy_name)
 
     def __call__(self) -> None:
-        if not self.compiled:
-            self.optimizer.step()
-            return
-        t0 = time.perf_counter()
-        try:
-            self.compiled_fn()
-        except Exception as exc:  # noqa: BLE001 (a compile failure: the update has not run, it runs eager)
-            if self.compile_s is not None:
-                raise
-            said = [line.strip() for line in str(exc).splitlines() if line.strip()][:2]
-            self.fallback_reason = f"{type(exc).__name__}: {' '.join(said)[:300]}"
-            warnings.warn(
-                f"learn.compile={self.mode}: {self.policy_name}'s optimizer step does not compile "
-                f"({self.fallback_reason}); it runs eager",
-                ConfigWarning,
-                stacklevel=2,
-            )
-            self.optimizer.step()
-            return
-        if self.compile_s is None:
-            self.compile_s = time.perf_counter() - t0
+        self._run(self.compiled_fn, self.eager_fn)
