@@ -150,11 +150,13 @@ def test_hung_evaluator_times_out_while_the_other_evaluates(run_async, tmp_path,
 
 def test_exhausted_restarts_stop_the_run_with_intact_checkpoints(run_async, tmp_path, ray_cluster,
                                                                   alive_after):
-    # collector 0 raises once it has stepped its env 0 250 times (about 12 collects), long after the first
-    # evaluation (eval_at_start) was saved
+    # collector 0 raises at its first env step after the first evaluated checkpoint (eval_at_start) is on
+    # disk, and not before its env 0 has stepped 100 times (some collects are in the buffer)
     overrides = {AP + "max_actor_restarts": 0, AP + "eval_at_start": True, "max_envstep": 20_000}
+    ckpt_dir = os.path.join(str(tmp_path), "exhausted", "ckpt")
     run = run_async(tmp_path, overrides,
-                    fault=FaultSpec("collector", (0,), 250, NEVER_ENDS, "raise"), standalone=True,
+                    fault=FaultSpec("collector", (0,), 100, NEVER_ENDS, "raise", after_file_in=ckpt_dir),
+                    standalone=True,
                     exp_name="exhausted", expect_error=ActorFailureError)
     msg = str(run.error)
     assert "collector actor 0" in msg and "max_actor_restarts=0" in msg
@@ -162,7 +164,7 @@ def test_exhausted_restarts_stop_the_run_with_intact_checkpoints(run_async, tmp_
     assert run.stats.collector_restarts == 0 and run.stats.collector_failures == 1
     # the collects before the failing one are in the buffer whole, nothing of the failing one
     assert set(_assert_nothing_partial_was_pushed(run)) == {(0, 0)}
-    ckpt_dir = os.path.join(run.run_dir, "ckpt")
+    assert ckpt_dir == os.path.join(run.run_dir, "ckpt")
     files = sorted(f for f in os.listdir(ckpt_dir) if f.endswith(".pt"))
     assert files and len(files) == run.driver.core.counters.eval_index
     assert not [f for f in os.listdir(ckpt_dir) if f.startswith(".tmp-")]

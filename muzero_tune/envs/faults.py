@@ -5,7 +5,10 @@ which an env fails, and how: ``raise`` an exception from ``step``, ``exit`` the 
 mid-collect), ``hang`` (sleep far past any timeout), ``exit_on_start`` (the actor's process exits in its
 constructor, as on a node that dies while the actor boots) or ``raise_on_start`` (its constructor raises, as
 on a setting the actor cannot use); the step window is not used by the last two. Only the listed
-incarnations fail, so a restarted actor runs clean. Nothing here runs unless a FaultSpec is passed explicitly.
+incarnations fail, so a restarted actor runs clean. ``after_file_in``, when set, holds the fault back until
+that directory holds a file ending in ``after_file_suffix`` (a checkpoint, say), so a drill can order the
+fault after an event instead of after a guessed number of steps. Nothing here runs unless a FaultSpec is
+passed explicitly.
 """
 
 from __future__ import annotations
@@ -29,6 +32,19 @@ class FaultSpec:
     end_step: int  # last failing env step
     mode: str = "raise"  # raise | exit | hang | exit_on_start | raise_on_start
     incarnations: tuple[int, ...] = (0,)
+    after_file_in: str | None = None  # a directory: the fault waits until a matching file is in it
+    after_file_suffix: str = ".pt"
+
+    def armed(self) -> bool:
+        """True once the gate (if any) is open: ``after_file_in`` holds a file (not a hidden temporary one)
+        ending in the suffix."""
+        if self.after_file_in is None:
+            return True
+        try:
+            return any(f.endswith(self.after_file_suffix) and not f.startswith(".")
+                       for f in os.listdir(self.after_file_in))
+        except FileNotFoundError:
+            return False
 
     def applies(self, kind: str, actor_id: int, incarnation: int) -> bool:
         return kind == self.kind and actor_id in self.actor_ids and incarnation in self.incarnations
@@ -44,7 +60,7 @@ class FaultyEnv(gym.Wrapper):
 
     def step(self, action):
         self.steps += 1
-        if self.fault.start_step <= self.steps <= self.fault.end_step:
+        if self.fault.start_step <= self.steps <= self.fault.end_step and self.fault.armed():
             if self.fault.mode == "exit":
                 os._exit(17)
             if self.fault.mode == "hang":
