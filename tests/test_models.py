@@ -262,6 +262,57 @@ def test_traced_recurrent_call_equals_eager_across_batch_sizes_and_weight_loads(
     assert recurrent_outputs(net, lat, action(4))[0].requires_grad  # eager under autograd
 
 
+@pytest.mark.parametrize("continuous", [False, True])
+def test_traced_value_prefix_call_equals_eager_with_its_lstm_state_across_batch_sizes_and_weight_loads(
+    continuous,
+):
+    """EfficientZero's search call with its LSTM state (models/traced.py ``recurrent_state_outputs``) is
+    traced, gives the eager outputs and next (h, c) at a batch size other than the traced one and from
+    non-zero states, and sees weights loaded in place; the conv network (batch-shaped action planes) stays
+    eager."""
+    from muzero_tune.models.efficientzero_net import ConvEfficientZeroNet, MLPEfficientZeroNet
+    from muzero_tune.models.sampled_net import MLPGaussianEfficientZeroNet
+    from muzero_tune.models.traced import _TRACES, recurrent_state_outputs
+
+    def make(seed):
+        torch.manual_seed(seed)
+        kw = dict(obs_dim=4, latent_dim=8, hidden_dim=16, value_support_size=5, reward_support_size=3,
+                  lstm_hidden_size=6)
+        net = (MLPGaussianEfficientZeroNet(action_dim=2, **kw) if continuous
+               else MLPEfficientZeroNet(num_actions=3, **kw))
+        for p in net.parameters():  # the zero-initialised heads would hide a stale trace
+            nn.init.normal_(p, std=0.3)
+        return net.eval()
+
+    net, other = make(0), make(1)
+
+    def inputs(b):
+        act = torch.rand(b, 2) * 2 - 1 if continuous else torch.randint(0, 3, (b,))
+        return torch.rand(b, 8), act, (torch.randn(b, 6), torch.randn(b, 6))
+
+    def check(lat, act, state):
+        got = recurrent_state_outputs(net, lat, act, state)
+        out = net.recurrent_inference(lat, act, state)
+        want = (out.latent, out.reward_logits, out.value_logits, out.policy_logits, out.lstm_state)
+        for g, w in zip(got[:4], want[:4]):
+            torch.testing.assert_close(g, w)
+        torch.testing.assert_close(got[4][0], want[4][0])
+        torch.testing.assert_close(got[4][1], want[4][1])
+        assert not torch.equal(got[4][0], state[0])  # the state moved
+
+    with torch.no_grad():
+        recurrent_state_outputs(net, *inputs(8))  # traced at B = 8
+        assert _TRACES[net][("recurrent_state", None)][1] is not None
+        for b in (3, 8):
+            check(*inputs(b))
+        net.load_state_dict(other.state_dict())  # in place, as a collector's weight sync
+        check(*inputs(5))
+        conv = ConvEfficientZeroNet(obs_shape=(3, 8, 8), num_actions=3, num_channels=4, lstm_hidden_size=6)
+        lat = conv.initial_inference(torch.rand(2, 3, 8, 8)).latent
+        recurrent_state_outputs(conv.eval(), lat, torch.tensor([0, 2]), conv.initial_lstm_state(2, like=lat))
+        assert conv not in _TRACES
+
+
 @pytest.mark.parametrize("kind", ["mlp", "conv"])
 def test_traced_initial_value_equals_eager_across_batch_sizes_weight_loads_and_precisions(kind):
     """The bootstrap's traced value forward (models/traced.py) gives the eager value logits at batch sizes

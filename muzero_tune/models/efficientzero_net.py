@@ -117,6 +117,9 @@ def _prefix_head(hidden: int, support_size: int) -> nn.Sequential:
 class MLPEfficientZeroNet(_ValuePrefixMixin, MLPMuZeroNet):
     """MLP EfficientZero: the LSTM reads the next latent (narrower than the trunk, so cheaper)."""
 
+    # shape-only control flow with the LSTM state as well: the search calls a traced twin (models/traced.py)
+    traceable_recurrent_state = True
+
     def __init__(self, *, lstm_hidden_size: int = 64, **kwargs) -> None:
         super().__init__(**kwargs)
         _check_positive("lstm_hidden_size", lstm_hidden_size)

@@ -1,9 +1,11 @@
 """Traced network calls: a network's hot no-grad calls as TorchScript-traced graphs.
 
 What this module owns
-    :func:`recurrent_outputs`, the search's per-simulation network call, and :func:`initial_value_logits`,
+    :func:`recurrent_outputs`, the search's per-simulation network call (:func:`recurrent_state_outputs` for
+    a network with a recurrent state beside the latent), and :func:`initial_value_logits`,
     the learner's bootstrap forward (the target network's value at N observations). For a network that
-    declares the call traceable (``traceable_recurrent`` / ``traceable_initial`` = True: its control flow
+    declares the call traceable (``traceable_recurrent`` / ``traceable_recurrent_state`` /
+    ``traceable_initial`` = True: its control flow
     depends on shapes only, and never on the batch size) and when autograd is off, a traced twin of the call
     (made on first use, cached per model and call); otherwise the eager call. Why: per-module Python dispatch
     dominates small batches (a CartPole MLP recurrent call at batch 8 takes ~0.55x the eager one,
@@ -29,7 +31,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-__all__ = ["autocast_dtype", "initial_value_logits", "recurrent_outputs"]
+__all__ = ["autocast_dtype", "initial_value_logits", "recurrent_outputs", "recurrent_state_outputs"]
 
 # model -> {(call name, autocast dtype or None): (key, traced module or None, (module owning the first
 # parameter, its attribute name))}
@@ -47,6 +49,22 @@ class _Recurrent(nn.Module):
     def forward(self, latent: Tensor, action: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         out = self.net.recurrent_inference(latent, action)
         return out.latent, out.reward_logits, out.value_logits, out.policy_logits
+
+
+class _RecurrentWithState(nn.Module):
+    """``recurrent_inference(latent, action, (h, c))`` of a network with a recurrent state beside the latent
+    (EfficientZero's value-prefix LSTM), its outputs and the next state flattened to a tuple."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(
+        self, latent: Tensor, action: Tensor, h: Tensor, c: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+        out = self.net.recurrent_inference(latent, action, (h, c))
+        next_h, next_c = out.lstm_state
+        return out.latent, out.reward_logits, out.value_logits, out.policy_logits, next_h, next_c
 
 
 class _InitialValue(nn.Module):
@@ -113,6 +131,20 @@ def recurrent_outputs(
         out = model.recurrent_inference(latent, action)
         return out.latent, out.reward_logits, out.value_logits, out.policy_logits
     return traced(latent, action)
+
+
+def recurrent_state_outputs(
+    model: nn.Module, latent: Tensor, action: Tensor, state: tuple[Tensor, Tensor]
+) -> tuple[Tensor, Tensor, Tensor, Tensor, tuple[Tensor, Tensor]]:
+    """(next latent, value-prefix logits [B, 2Sr+1], value logits [B, 2Sv+1], policy output [B, P], next
+    (h, c), each [B, H]) of ``model.recurrent_inference(latent, action, state)`` for a network with a
+    recurrent state (``traceable_recurrent_state``), traced where the module docstring says."""
+    traced = _traced(model, "recurrent_state", _RecurrentWithState, (latent, action, *state))
+    if traced is None:
+        out = model.recurrent_inference(latent, action, state)
+        return out.latent, out.reward_logits, out.value_logits, out.policy_logits, out.lstm_state
+    next_latent, reward_logits, value_logits, policy, h, c = traced(latent, action, *state)
+    return next_latent, reward_logits, value_logits, policy, (h, c)
 
 
 def initial_value_logits(model: nn.Module, obs: Tensor) -> Tensor:

@@ -30,6 +30,7 @@ import torch
 
 from muzero_tune.models.efficientzero_net import LstmState, build_efficientzero_network
 from muzero_tune.models.support import logits_to_scalar_np
+from muzero_tune.models.traced import recurrent_state_outputs
 from muzero_tune.policies.base import SearchRoots, model_device
 from muzero_tune.policies.muzero import MuZeroPolicy
 from muzero_tune.replay.targets import TrainBatch
@@ -133,17 +134,17 @@ class EfficientZeroPolicy(MuZeroPolicy):
             zero = torch.zeros((), dtype=h.dtype, device=h.device)
             state = (torch.where(reset[:, None], zero, h), torch.where(reset[:, None], zero, c))
             base = torch.where(reset, zero, parent_prefix).float().cpu().numpy()  # [B]
-            out = model.recurrent_inference(latent, torch.as_tensor(actions, device=dev), state)
-            prefix = logits_to_scalar_np(
-                out.reward_logits.float().cpu().numpy(), support_size=model.reward_support_size
+            # one traced call where the network allows it (models/traced.py)
+            next_latent, prefix_logits, value_logits, policy, next_state = recurrent_state_outputs(
+                model, latent, torch.as_tensor(actions, device=dev), state
             )
-            value = logits_to_scalar_np(
-                out.value_logits.float().cpu().numpy(), support_size=model.value_support_size
-            )
+            rs, vs = model.reward_support_size, model.value_support_size
+            prefix = logits_to_scalar_np(prefix_logits.float().cpu().numpy(), support_size=rs)
+            value = logits_to_scalar_np(value_logits.float().cpu().numpy(), support_size=vs)
             child = pack_search_state(
-                out.latent, out.lstm_state, depth + 1, torch.from_numpy(prefix).to(packed.device)
+                next_latent, next_state, depth + 1, torch.from_numpy(prefix).to(packed.device)
             )
-            return child, prefix - base, value, out.policy_logits.float().cpu().numpy()
+            return child, prefix - base, value, policy.float().cpu().numpy()
 
         return fn
 
