@@ -313,6 +313,41 @@ def test_traced_value_prefix_call_equals_eager_with_its_lstm_state_across_batch_
         assert conv not in _TRACES
 
 
+def test_traced_stochastic_steps_equal_eager_across_batch_sizes_and_weight_loads():
+    """Stochastic MuZero's two search steps (afterstate, chance) through ``traced_method`` are traced, give
+    the eager outputs at a batch size other than the traced one and see weights loaded in place."""
+    from muzero_tune.models.stochastic_net import MLPStochasticMuZeroNet
+    from muzero_tune.models.traced import _TRACES, traced_method
+
+    def make(seed):
+        torch.manual_seed(seed)
+        net = MLPStochasticMuZeroNet(obs_dim=4, num_actions=3, chance_space_size=4, latent_dim=8,
+                                     hidden_dim=16, value_support_size=5, reward_support_size=3)
+        for p in net.parameters():
+            nn.init.normal_(p, std=0.3)
+        return net.eval()
+
+    net, other = make(0), make(1)
+
+    def check(b):
+        lat, act, code = torch.rand(b, 8), torch.randint(0, 3, (b,)), torch.randint(0, 4, (b,))
+        for name, args in (("afterstate_inference", (lat, act)), ("chance_inference", (lat, code))):
+            got, want = traced_method(net, name, *args), getattr(net, name)(*args)
+            assert len(got) == len(want)
+            for g, w in zip(got, want):
+                torch.testing.assert_close(g, w)
+
+    with torch.no_grad():
+        check(8)  # traced at B = 8
+        assert all(_TRACES[net][(name, None)][1] is not None
+                   for name in ("afterstate_inference", "chance_inference"))
+        check(3)
+        net.load_state_dict(other.state_dict())
+        check(5)
+    lat = torch.rand(2, 8, requires_grad=True)
+    assert traced_method(net, "chance_inference", lat, torch.tensor([0, 1]))[0].requires_grad
+
+
 @pytest.mark.parametrize("kind", ["mlp", "conv"])
 def test_traced_initial_value_equals_eager_across_batch_sizes_weight_loads_and_precisions(kind):
     """The bootstrap's traced value forward (models/traced.py) gives the eager value logits at batch sizes

@@ -53,6 +53,10 @@ def straight_through_one_hot(logits: Tensor) -> Tensor:
 class MLPStochasticMuZeroNet(nn.Module):
     """MLP Stochastic MuZero network (see the module docstring)."""
 
+    # shape-only control flow: the search calls traced twins of its two steps (models/traced.py)
+    traceable_afterstate_inference = True
+    traceable_chance_inference = True
+
     def __init__(
         self,
         *,

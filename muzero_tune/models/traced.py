@@ -2,7 +2,8 @@
 
 What this module owns
     :func:`recurrent_outputs`, the search's per-simulation network call (:func:`recurrent_state_outputs` for
-    a network with a recurrent state beside the latent), and :func:`initial_value_logits`,
+    a network with a recurrent state beside the latent; :func:`traced_method` for any other tensor-only
+    method, such as Stochastic MuZero's afterstate and chance steps), and :func:`initial_value_logits`,
     the learner's bootstrap forward (the target network's value at N observations). For a network that
     declares the call traceable (``traceable_recurrent`` / ``traceable_recurrent_state`` /
     ``traceable_initial`` = True: its control flow
@@ -31,7 +32,9 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-__all__ = ["autocast_dtype", "initial_value_logits", "recurrent_outputs", "recurrent_state_outputs"]
+__all__ = [
+    "autocast_dtype", "initial_value_logits", "recurrent_outputs", "recurrent_state_outputs", "traced_method",
+]
 
 # model -> {(call name, autocast dtype or None): (key, traced module or None, (module owning the first
 # parameter, its attribute name))}
@@ -65,6 +68,18 @@ class _RecurrentWithState(nn.Module):
         out = self.net.recurrent_inference(latent, action, (h, c))
         next_h, next_c = out.lstm_state
         return out.latent, out.reward_logits, out.value_logits, out.policy_logits, next_h, next_c
+
+
+class _Method(nn.Module):
+    """``net.<name>(*inputs)`` of a method that takes and returns tensors only (a tuple of them)."""
+
+    def __init__(self, net: nn.Module, name: str) -> None:
+        super().__init__()
+        self.net = net
+        self.name = name
+
+    def forward(self, *inputs: Tensor) -> tuple[Tensor, ...]:
+        return getattr(self.net, self.name)(*inputs)
 
 
 class _InitialValue(nn.Module):
@@ -145,6 +160,13 @@ def recurrent_state_outputs(
         return out.latent, out.reward_logits, out.value_logits, out.policy_logits, out.lstm_state
     next_latent, reward_logits, value_logits, policy, h, c = traced(latent, action, *state)
     return next_latent, reward_logits, value_logits, policy, (h, c)
+
+
+def traced_method(model: nn.Module, name: str, *inputs: Tensor) -> tuple[Tensor, ...]:
+    """``model.<name>(*inputs)`` (tensors in, a tuple of tensors out), traced where the network declares
+    ``traceable_<name>`` = True and autograd is off, as the module docstring says."""
+    traced = _traced(model, name, lambda net: _Method(net, name), inputs)
+    return getattr(model, name)(*inputs) if traced is None else traced(*inputs)
 
 
 def initial_value_logits(model: nn.Module, obs: Tensor) -> Tensor:

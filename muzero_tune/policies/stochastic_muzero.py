@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from muzero_tune.mcts.stochastic import StochasticMuZeroSearch
 from muzero_tune.models.stochastic_net import build_stochastic_network
 from muzero_tune.models.support import logits_to_scalar, logits_to_scalar_np, scalar_to_target
+from muzero_tune.models.traced import traced_method
 from muzero_tune.policies.base import LossOutput, loss_output, model_device
 from muzero_tune.policies.muzero import MuZeroPolicy, root_loss_weight, scale_gradient, soft_cross_entropy
 from muzero_tune.replay.targets import TrainBatch, make_batch
@@ -82,15 +83,16 @@ class StochasticMuZeroPolicy(MuZeroPolicy):
         vs, rs = model.value_support_size, model.reward_support_size
 
         def afterstate_fn(latent: torch.Tensor, actions: np.ndarray):
-            afterstate, q_logits, chance_logits = model.afterstate_inference(
-                latent, torch.as_tensor(actions, device=dev)
+            # traced calls where the network allows them (models/traced.py)
+            afterstate, q_logits, chance_logits = traced_method(
+                model, "afterstate_inference", latent, torch.as_tensor(actions, device=dev)
             )
             q = logits_to_scalar_np(q_logits.float().cpu().numpy(), support_size=vs)
             return afterstate, q, chance_logits.float().cpu().numpy()
 
         def recurrent_fn(afterstate: torch.Tensor, codes: np.ndarray):
-            latent, r_logits, v_logits, p_logits = model.chance_inference(
-                afterstate, torch.as_tensor(codes, device=dev)
+            latent, r_logits, v_logits, p_logits = traced_method(
+                model, "chance_inference", afterstate, torch.as_tensor(codes, device=dev)
             )
             reward = logits_to_scalar_np(r_logits.float().cpu().numpy(), support_size=rs)
             value = logits_to_scalar_np(v_logits.float().cpu().numpy(), support_size=vs)

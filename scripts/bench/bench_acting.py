@@ -7,7 +7,7 @@ path), eager under ``torch.inference_mode``, the traced twin the search now uses
 traced call against the same model forced eager. Interleaved rounds; medians and per-round ratios.
 
     python scripts/bench/bench_acting.py [--rounds 15] [--calls 200] [--clock cpu]
-    python scripts/bench/bench_acting.py --preset cartpole_efficientzero --compile-modes  # with an LSTM state
+    python scripts/bench/bench_acting.py --preset cartpole_efficientzero --compile-modes  # any type
 
 ``--clock cpu`` times this process's CPU seconds (``time.process_time``) instead of wall time: the waits for
 a core that other work holds are left out, so the figures move far less with the machine's load.
@@ -43,8 +43,9 @@ def main(argv: list[str] | None = None) -> None:
     model = policy.build_model().eval()
     eager_model = policy.build_model().eval()
     eager_model.load_state_dict(model.state_dict())
-    # the same network, always called eagerly (with or without a recurrent state beside the latent)
-    eager_model.traceable_recurrent = eager_model.traceable_recurrent_state = False
+    # the same network, always called eagerly (every call it declares traceable)
+    for attr in [a for a in dir(eager_model) if a.startswith("traceable_")]:
+        setattr(eager_model, attr, False)
     b = cfg.env.collector_env_num
     latent = torch.rand(b, *model.latent_shape)
     action = torch.randint(0, spec.num_actions, (b,))
