@@ -313,6 +313,40 @@ def test_traced_value_prefix_call_equals_eager_with_its_lstm_state_across_batch_
         assert conv not in _TRACES
 
 
+def test_traced_recurrent_call_of_the_history_network_equals_eager_and_follows_its_base():
+    """The recurrent-history network's search call is traced where its base network's is (MLP), gives the
+    eager outputs at another batch size and after an in-place weight load; over a conv base it is eager."""
+    from muzero_tune.models.rnn_net import RNNMuZeroNet
+    from muzero_tune.models.traced import _TRACES, recurrent_outputs
+
+    def make(seed):
+        torch.manual_seed(seed)
+        base = MLPMuZeroNet(obs_dim=4, num_actions=3, latent_dim=8, hidden_dim=16, value_support_size=5,
+                            reward_support_size=3)
+        net = RNNMuZeroNet(base, history_size=6)
+        for p in net.parameters():
+            nn.init.normal_(p, std=0.3)
+        return net.eval()
+
+    net, other = make(0), make(1)
+
+    def check(b):
+        lat, act = torch.rand(b, 14), torch.randint(0, 3, (b,))
+        out = net.recurrent_inference(lat, act)
+        for got, want in zip(recurrent_outputs(net, lat, act),
+                             (out.latent, out.reward_logits, out.value_logits, out.policy_logits)):
+            torch.testing.assert_close(got, want)
+
+    with torch.no_grad():
+        check(8)
+        assert _TRACES[net][("recurrent", None)][1] is not None
+        check(3)
+        net.load_state_dict(other.state_dict())
+        check(5)
+    conv = RNNMuZeroNet(ConvMuZeroNet(obs_shape=(3, 8, 8), num_actions=3, num_channels=4), history_size=6)
+    assert net.traceable_recurrent and not conv.traceable_recurrent
+
+
 def test_traced_stochastic_steps_equal_eager_across_batch_sizes_and_weight_loads():
     """Stochastic MuZero's two search steps (afterstate, chance) through ``traced_method`` are traced, give
     the eager outputs at a batch size other than the traced one and see weights loaded in place."""

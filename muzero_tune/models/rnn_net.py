@@ -53,6 +53,9 @@ class RNNMuZeroNet(MuZeroNetwork):
         self.latent_shape = (self.z_dim + history_size,)
         self.gru = nn.GRUCell(self.z_dim + self.num_actions, history_size)
         self.history_in = nn.Linear(history_size, self.z_dim)  # W of c(z, h) = z + W h
+        # the search's call is traced (models/traced.py) where the base network's is: the history's GRU and
+        # the packing add shape-only control flow
+        self.traceable_recurrent = bool(getattr(base, "traceable_recurrent", False))
 
     # ------------------------------------------------------------------ packing
 
