@@ -4,7 +4,8 @@ The slow checks take hours on a small machine, longer than one sitting may last.
 at a time (a test file, or each test of ``tests/test_learning.py`` on its own), each in its own pytest
 process, and stores each piece's outcome the moment it ends: ``<output-dir>/results/<piece>.json`` (every
 test's outcome and seconds, the piece's wall seconds, the commit it ran on and whether the tree had
-uncommitted changes, the load average before and after). A second call skips the stored pieces, so a run
+uncommitted changes, the load average before and after); ``collected.json`` keeps every node id the calls
+into the folder collected, which the summary counts against. A second call skips the stored pieces, so a run
 that was stopped goes on where it stopped; ``--rerun`` runs them again. ``<output-dir>/summary.md`` is
 rebuilt after every piece: totals, the wall time summed over pieces, the commits the pieces ran on, and one
 line per test.
@@ -159,10 +160,15 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(args.rootdir).resolve()
     results_dir = out / "results"
     results_dir.mkdir(parents=True, exist_ok=True)
-    expected = None
+    # every node id collected by the calls into this folder (calls may name different --paths)
+    collected_path = out / "collected.json"
+    collected = set(json.loads(collected_path.read_text())) if collected_path.exists() else set()
     if not args.summary_only:
         node_ids = collect(root, args.mark, args.paths)
-        expected = len(node_ids)
+        collected |= set(node_ids)
+        collected_path.write_text(json.dumps(sorted(collected), indent=0))
+    expected = len(collected) or None
+    if not args.summary_only:
         t0 = time.monotonic()
         todo = pieces(node_ids)
         for i, (name, ids) in enumerate(todo.items(), 1):
