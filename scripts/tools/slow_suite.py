@@ -117,6 +117,19 @@ def run_piece(root: Path, name: str, node_ids: list[str], mark: str, results_dir
     return record
 
 
+def broken(record: dict) -> bool:
+    """A piece whose pytest process failed without a test report (a crash, a collection error)."""
+    return record["exit_code"] not in (0, 5) and not record["tests"]
+
+
+def write_summary(out: Path, expected: int | None) -> tuple[list[dict], str]:
+    """Read every stored piece, write ``summary.md``; returns (the records, the summary's text)."""
+    records = [json.loads(p.read_text()) for p in sorted((out / "results").glob("*.json"))]
+    text = summary(records, expected)
+    (out / "summary.md").write_text(text)
+    return records, text
+
+
 def summary(records: list[dict], expected: int | None) -> str:
     """The markdown record of the stored pieces."""
     tests = [t for r in records for t in r["tests"]]
@@ -132,8 +145,7 @@ def summary(records: list[dict], expected: int | None) -> str:
     lines.append("")
     lines.append("Commits: " + ", ".join(f"{c}{' (uncommitted changes)' if d else ''}: {n} pieces"
                                          for (c, d), n in commits.items()))
-    bad = [r for r in records if r["exit_code"] not in (0, 5) and not r["tests"]]
-    for r in bad:
+    for r in filter(broken, records):
         lines.append(f"\nPiece {r['piece']} ended with exit {r['exit_code']} and no test report.")
     lines += ["", "| test | outcome | seconds |", "|---|---|---|"]
     for t in tests:
@@ -163,34 +175,29 @@ def main(argv: list[str] | None = None) -> int:
     # every node id collected by the calls into this folder (calls may name different --paths)
     collected_path = out / "collected.json"
     collected = set(json.loads(collected_path.read_text())) if collected_path.exists() else set()
-    if not args.summary_only:
-        node_ids = collect(root, args.mark, args.paths)
+    node_ids = [] if args.summary_only else collect(root, args.mark, args.paths)
+    if node_ids:
         collected |= set(node_ids)
         collected_path.write_text(json.dumps(sorted(collected), indent=0))
     expected = len(collected) or None
-    if not args.summary_only:
-        t0 = time.monotonic()
-        todo = pieces(node_ids)
-        for i, (name, ids) in enumerate(todo.items(), 1):
-            if (results_dir / piece_file_name(name)).exists() and not args.rerun:
-                continue
-            if args.max_wall_s is not None and time.monotonic() - t0 > args.max_wall_s:
-                print(f"[slow_suite] --max-wall-s {args.max_wall_s:.0f} reached: {name} and later pieces not "
-                      "started (a second call resumes)", flush=True)
-                break
-            print(f"[slow_suite] {i}/{len(todo)} {name} ({len(ids)} tests)", flush=True)
-            rec = run_piece(root, name, ids, args.mark, results_dir)
-            outcomes = Counter(t["outcome"] for t in rec["tests"])
-            print(f"[slow_suite]   exit {rec['exit_code']}, {rec['wall_s']:.0f} s: {dict(outcomes)}",
-                  flush=True)
-            records = [json.loads(p.read_text()) for p in sorted(results_dir.glob("*.json"))]
-            (out / "summary.md").write_text(summary(records, expected))
-    records = [json.loads(p.read_text()) for p in sorted(results_dir.glob("*.json"))]
-    text = summary(records, expected)
-    (out / "summary.md").write_text(text)
+    t0 = time.monotonic()
+    todo = pieces(node_ids)
+    for i, (name, ids) in enumerate(todo.items(), 1):
+        if (results_dir / piece_file_name(name)).exists() and not args.rerun:
+            continue
+        if args.max_wall_s is not None and time.monotonic() - t0 > args.max_wall_s:
+            print(f"[slow_suite] --max-wall-s {args.max_wall_s:.0f} reached: {name} and later pieces not "
+                  "started (a second call resumes)", flush=True)
+            break
+        print(f"[slow_suite] {i}/{len(todo)} {name} ({len(ids)} tests)", flush=True)
+        rec = run_piece(root, name, ids, args.mark, results_dir)
+        outcomes = Counter(t["outcome"] for t in rec["tests"])
+        print(f"[slow_suite]   exit {rec['exit_code']}, {rec['wall_s']:.0f} s: {dict(outcomes)}", flush=True)
+        write_summary(out, expected)
+    records, text = write_summary(out, expected)
     print(text.split("\n\n")[1])
     failed = any(t["outcome"] in ("failed", "error") for r in records for t in r["tests"])
-    return 1 if failed or any(r["exit_code"] not in (0, 5) and not r["tests"] for r in records) else 0
+    return 1 if failed or any(map(broken, records)) else 0
 
 
 if __name__ == "__main__":
