@@ -448,7 +448,8 @@ def test_dashboard_snapshot_saves_the_runs_and_chart_views_as_pngs(async_sweep, 
 
     if not any(shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome")):
         pytest.skip("Chromium is not installed (apt-get install -y chromium)")
-    script = os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts", "dashboard_snapshot.py")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = os.path.join(root, "scripts", "tools", "dashboard_snapshot.py")
     out = tmp_path / "img"
     args = ["--tracking-uri", async_sweep.tracking_uri, "--experiment", async_sweep.experiment_name,
             "--out", str(out), "--width", "1200", "--height", "800"]
