@@ -638,3 +638,33 @@ def test_pong_preset_builds_acts_and_trains_one_step():
     out = policy.compute_loss(model.train(), batch, train_iter=0)
     out.loss.backward()
     assert math.isfinite(float(out.loss.detach())) and model.tokenizer[0].weight.grad is not None
+
+
+def test_acting_with_the_traced_search_step_equals_acting_eagerly():
+    """The search's cached step runs traced (one graph for the action and the next-observation token) and
+    the whole act gives the eager model's actions, values and step stats bit for bit, windows sliding."""
+    from muzero_tune.models.traced import _TRACES
+
+    obs = _episode(3, 9)
+    policy, model = _policy()
+    eager_policy, _ = _policy()
+    eager = copy.deepcopy(model)
+    eager.traceable_cached_step = False  # the same weights, every call eager
+    states = [policy.initial_act_state(3), eager_policy.initial_act_state(3)]
+    slid = []  # the search steps that took the eager path (a window slides): extends up to max_tokens
+    extend = model.extend
+    model.extend = lambda ctx, new, *a, limit, **k: (slid.append(limit == model.max_tokens),
+                                                     extend(ctx, new, *a, limit=limit, **k))[1]  # fmt: skip
+    for o in obs:
+        got = _act(policy, model, o, states[0], explore=True)
+        want = _act(eager_policy, eager, o, states[1], explore=True)
+        states = [got.state, want.state]
+        np.testing.assert_array_equal(got.actions, want.actions)
+        np.testing.assert_array_equal(got.root_value, want.root_value)
+        np.testing.assert_array_equal(got.predicted_value, want.predicted_value)
+        assert got.step_stats.keys() == want.step_stats.keys()
+        for name in got.step_stats:
+            np.testing.assert_array_equal(got.step_stats[name], want.step_stats[name])
+    assert _TRACES[model][("cached_step", None)][1] is not None  # the traced step was taken
+    assert any(slid)  # and so was the eager one
+    assert ("cached_step", None) not in _TRACES.get(eager, {})

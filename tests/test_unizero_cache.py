@@ -168,3 +168,41 @@ def test_context_of_other_weights_is_never_used():
         _, c3 = other.extend(empty, toks, limit=7)
         bump_cache_epoch(other)
         assert c3.tag != weights_tag(other)
+
+
+@pytest.mark.parametrize("positional", ["learned", "rope"])
+def test_traced_search_step_equals_the_two_eager_extends_across_batch_sizes_and_weight_loads(positional):
+    """``cached_step`` (the search's step when every row appends to its cached keys without sliding) through
+    ``traced_method`` gives, bit for bit, what the two eager :meth:`extend` calls and the heads give: at a
+    batch size other than the traced one and after weights are loaded in place."""
+    from muzero_tune.models.traced import _TRACES, traced_method
+
+    net, other = _net(positional, seed=0), _net(positional, seed=1)
+    g = torch.Generator().manual_seed(4)
+
+    def check(lengths):
+        bsz = len(lengths)
+        empty = TokenContext.empty(bsz, max_tokens=11, embed_dim=32, device=torch.device("cpu"),
+                                   dtype=torch.float32)  # fmt: skip
+        toks = torch.randn(bsz, max(lengths), 32, generator=g)
+        _, ctx = net.extend(empty, toks, np.array(lengths), limit=9)
+        action = torch.randint(0, 3, (bsz,), generator=g)
+        got = traced_method(net, "cached_step", ctx.tokens, ctx.keys, ctx.values,
+                            torch.as_tensor(ctx.length), action)  # fmt: skip
+        h1, ctx1 = net.extend(ctx, net.embed_action(action)[:, None], limit=11)
+        act = net.action_heads(h1[:, 0])
+        h2, ctx2 = net.extend(ctx1, act.next_latent[:, None], limit=11)
+        obs = net.obs_heads(h2[:, 0])
+        want = (act.next_latent, act.reward_logits, obs.value_logits, obs.policy_logits,
+                ctx2.tokens, ctx2.keys, ctx2.values)  # fmt: skip
+        assert list(ctx2.length) == [n + 2 for n in lengths]
+        for got_t, want_t in zip(got, want, strict=True):
+            assert torch.equal(got_t, want_t)
+
+    with torch.no_grad():
+        check([3])  # traced at B = 1 (where a trace could bake in the broadcasts of one row)
+        assert _TRACES[net][("cached_step", None)][1] is not None
+        check([1, 3, 5, 9])  # 9 + 2 = 11 tokens: the last row fills its window
+        check([2, 7, 4])
+        net.load_state_dict(other.state_dict())
+        check([6, 1, 8, 3, 5])

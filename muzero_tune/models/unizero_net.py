@@ -118,8 +118,9 @@ class _Block(nn.Module):
             cos, sin = rope
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
-        keys[bi, :, pos] = k.permute(0, 2, 1, 3)  # [B, n, H, dh] into [B, H, T, dh] at (b, :, pos)
-        values[bi, :, pos] = v.permute(0, 2, 1, 3)
+        # [B, n, H, dh] into [B, H, T, dh] at (b, :, pos); index_put_ keeps the batch size open in a trace
+        keys.transpose(1, 2).index_put_((bi, pos), k.permute(0, 2, 1, 3))
+        values.transpose(1, 2).index_put_((bi, pos), v.permute(0, 2, 1, 3))
         a = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)  # [B, H, n, dh]
         x = x + self.proj(a.transpose(1, 2).reshape(bsz, n, e))
         return x + self.mlp(self.ln2(x))
@@ -401,19 +402,47 @@ class UniZeroNet(nn.Module):
         """:meth:`extend` when every row reuses its cache and gets all n new tokens without sliding: the new
         keys are written into a copy of the cache and the n queries attend over it (no re-gathering)."""
         bsz, n, _ = new.shape
-        dev = new.device
-        pos_np = old_len[:, None] + np.arange(n)[None, :]  # [B, n] window positions of the new tokens
-        pos = torch.as_tensor(pos_np, device=dev)
-        bi = torch.arange(bsz, device=dev)[:, None].expand(bsz, n)
-        keys, values = ctx.keys.to(new.dtype).clone(), ctx.values.to(new.dtype).clone()  # [B, L, H, T, dh]
-        tokens = ctx.tokens.to(new.dtype).clone()
-        tokens[bi, pos] = new
-        mask = (torch.arange(self.max_tokens, device=dev)[None, None, :] <= pos[:, :, None])[:, None]
+        pos = torch.as_tensor(old_len[:, None] + np.arange(n)[None, :], device=new.device)  # [B, n]
+        hidden, tokens, keys, values = self._attend_cached(ctx.tokens, ctx.keys, ctx.values, pos, new)
+        return hidden, TokenContext(tokens, old_len + n, keys, values, np.ones(bsz, dtype=bool), tag)
+
+    def _attend_cached(
+        self, tokens: Tensor, keys: Tensor, values: Tensor, pos: Tensor, new: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """New tokens [B, n, E] written at window positions ``pos`` [B, n] of copies of a cache (tokens
+        [B, T, E], keys/values [B, L, H, T, dh]), their queries attending over it: (outputs [B, n, E], tokens,
+        keys, values). Tensors only (traceable: its control flow depends on shapes, never on the batch)."""
+        bsz, n, _ = new.shape
+        bi = torch.arange(bsz, device=new.device)[:, None].expand(bsz, n)
+        keys, values = keys.to(new.dtype).clone(), values.to(new.dtype).clone()
+        tokens = tokens.to(new.dtype).clone()
+        tokens.index_put_((bi, pos), new)
+        mask = (torch.arange(self.max_tokens, device=new.device)[None, None, :] <= pos[:, :, None])[:, None]
         x, rope = self._inputs(new, pos)
         for layer, block in enumerate(self.blocks):
             x = block.attend_into(x, rope, keys[:, layer], values[:, layer], bi, pos, mask)
-        length = old_len + n
-        return self.ln_f(x), TokenContext(tokens, length, keys, values, np.ones(bsz, dtype=bool), tag)
+        return self.ln_f(x), tokens, keys, values
+
+    # the search step below may run as a traced graph (models/traced.py: ``traced_method``)
+    traceable_cached_step = True
+
+    def cached_step(
+        self, tokens: Tensor, keys: Tensor, values: Tensor, length: Tensor, action: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """One search step in context for rows whose cached keys hold and whose windows have room for two
+        more tokens: :meth:`extend` by the action token, then by the predicted next observation token, at
+        window positions ``length[b]`` and ``length[b] + 1`` (the same arithmetic, as one call).
+
+        tokens [B, T, E] and keys/values [B, L, H, T, dh] of the rows' contexts, length [B] int64, action
+        [B] int64 or [B, D] float32. Returns (next latent [B, E], reward logits [B, 2Sr+1], value logits
+        [B, 2Sv+1], policy params [B, P], and the contexts' tokens, keys and values after both appends)."""
+        a = self.embed_action(action)[:, None].to(tokens.dtype)
+        h1, tokens, keys, values = self._attend_cached(tokens, keys, values, length[:, None], a)
+        act = self.action_heads(h1[:, 0])
+        h2, tokens, keys, values = self._attend_cached(tokens, keys, values, length[:, None] + 1,
+                                                       act.next_latent[:, None])  # fmt: skip
+        obs = self.obs_heads(h2[:, 0])
+        return act.next_latent, act.reward_logits, obs.value_logits, obs.policy_logits, tokens, keys, values
 
     # ------------------------------------------------------------------------------ context-free roots
 

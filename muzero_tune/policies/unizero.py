@@ -48,6 +48,7 @@ import torch.nn.functional as F
 from muzero_tune.errors import ConfigError
 from muzero_tune.models import logits_to_scalar, logits_to_scalar_np, scalar_to_target
 from muzero_tune.models.kv_cache import NodeContextStore, TokenContext, bump_cache_epoch, weights_tag
+from muzero_tune.models.traced import traced_method
 from muzero_tune.models.unizero_net import UniZeroNet, default_max_tokens, token_sequence
 from muzero_tune.policies.base import LossOutput, SearchRoots, eval_mode, loss_output, model_device
 from muzero_tune.policies.muzero import MuZeroPolicy, soft_cross_entropy
@@ -304,17 +305,30 @@ class UniZeroPolicy(MuZeroPolicy):
 
         def fn(latent, actions, *, parent_node, new_node, depth):
             ctx = nodes.gather(parent_node)
-            a = model.embed_action(self._action_tensor(actions, dev))[:, None]
-            h1, ctx1 = model.extend(ctx, a.to(ctx.tokens.dtype), limit=limit, use_cache=use_cache, tag=tag)
-            act = model.action_heads(h1[:, 0])
-            h2, ctx2 = model.extend(ctx1, act.next_latent[:, None], limit=limit, use_cache=use_cache, tag=tag)
-            obs_out = model.obs_heads(h2[:, 0])
-            nodes.put(new_node, ctx2)
-            reward = logits_to_scalar_np(act.reward_logits.float().cpu().numpy(),
-                                         support_size=model.reward_support_size)  # fmt: skip
-            value = logits_to_scalar_np(obs_out.value_logits.float().cpu().numpy(),
-                                        support_size=model.value_support_size)  # fmt: skip
-            return act.next_latent, reward, value, obs_out.policy_logits.float().cpu().numpy()
+            action = self._action_tensor(actions, dev)
+            if (use_cache and ctx.tag == tag and ctx.keys is not None and ctx.kv_valid.all()
+                    and (ctx.length + 2 <= limit).all()):  # fmt: skip
+                # every row appends to its cached keys without sliding: one (traced) call for both tokens
+                next_latent, reward_logits, value_logits, policy, tokens, keys, values = traced_method(
+                    model, "cached_step", ctx.tokens, ctx.keys, ctx.values,
+                    torch.as_tensor(ctx.length, device=dev), action,
+                )  # fmt: skip
+                ones = np.ones(len(ctx.length), dtype=bool)
+                new_ctx = TokenContext(tokens, ctx.length + 2, keys, values, ones, tag)
+            else:
+                a = model.embed_action(action)[:, None].to(ctx.tokens.dtype)
+                opts = dict(limit=limit, use_cache=use_cache, tag=tag)
+                h1, ctx1 = model.extend(ctx, a, **opts)
+                act = model.action_heads(h1[:, 0])
+                h2, new_ctx = model.extend(ctx1, act.next_latent[:, None], **opts)
+                obs_out = model.obs_heads(h2[:, 0])
+                next_latent, reward_logits = act.next_latent, act.reward_logits
+                value_logits, policy = obs_out.value_logits, obs_out.policy_logits
+            nodes.put(new_node, new_ctx)
+            rs, vs = model.reward_support_size, model.value_support_size
+            reward = logits_to_scalar_np(reward_logits.float().cpu().numpy(), support_size=rs)
+            value = logits_to_scalar_np(value_logits.float().cpu().numpy(), support_size=vs)
+            return next_latent, reward, value, policy.float().cpu().numpy()
 
         fn.wants_node_ids = True
         return fn

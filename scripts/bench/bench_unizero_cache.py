@@ -1,9 +1,11 @@
-"""A UniZero collect step with and without its KV caches, against MuZero's, side by side in one process.
+"""A UniZero collect step with and without its KV caches, against MuZero's, side by side in one process; and
+the cached step with its search call traced (the default) against the same call eager.
 
 One collect step = one batched ``policy.act`` over ``--envs`` envs of the preset's env with the preset's
 simulations (root inference + search). The cached and uncached policies act on the same recorded observation
-stream with the same RNG seeds and must return the same actions and values (checked); rounds alternate between
-the three so every variant sees the same machine load. Prints ms per collect step and the ratios.
+stream with the same RNG seeds and must return the same actions and values (checked; the eager-call variant
+bit for bit); rounds alternate between the variants so every variant sees the same machine load. Prints ms
+per collect step and the ratios.
 
     python scripts/bench/bench_unizero_cache.py --steps 60 --rounds 3
     python scripts/bench/bench_unizero_cache.py --preset pendulum_sampled_unizero \
@@ -69,6 +71,7 @@ def main(argv: list[str] | None = None) -> None:
     variants = {}
     for name, preset, over in (
         ("unizero cached", args.preset, {"policy.kv_cache": True}),
+        ("unizero cached eager", args.preset, {"policy.kv_cache": True}),
         ("unizero uncached", args.preset, {"policy.kv_cache": False}),
         ("muzero", args.baseline, {}),
     ):
@@ -76,8 +79,10 @@ def main(argv: list[str] | None = None) -> None:
         policy, _ = make_policy(cfg)
         torch.manual_seed(0)
         variants[name] = (policy, policy.build_model().eval())
-    # the uncached model is the cached one's weights
-    variants["unizero uncached"][1].load_state_dict(variants["unizero cached"][1].state_dict())
+    # the uncached and eager models are the cached one's weights; the eager one never runs a traced call
+    for name in ("unizero uncached", "unizero cached eager"):
+        variants[name][1].load_state_dict(variants["unizero cached"][1].state_dict())
+    variants["unizero cached eager"][1].traceable_cached_step = False
     stream = _stream(variants["unizero cached"][0].cfg.env.env_id, args.envs, args.steps)
     times: dict[str, list[float]] = {k: [] for k in variants}
     for policy, model in variants.values():  # warm-up (numba, allocations)
@@ -93,15 +98,21 @@ def main(argv: list[str] | None = None) -> None:
         np.testing.assert_allclose(
             results["unizero cached"][1], results["unizero uncached"][1], atol=1e-4, rtol=1e-5
         )
+        for got, want in zip(results["unizero cached"], results["unizero cached eager"], strict=True):
+            np.testing.assert_array_equal(got, want)
     sims = variants["unizero cached"][0].cfg.mcts.num_simulations
     base = np.median(times["muzero"])
     print(f"collect step: {args.preset} vs {args.baseline} ('muzero' below), {args.envs} envs, {sims} "
           f"simulations, median of {args.rounds} rounds")  # fmt: skip
     for name, ts in times.items():
         med = np.median(ts)
-        print(f"  {name:18s} {1e3 * med:8.1f} ms/step   x{med / base:5.2f} of muzero")
+        print(f"  {name:20s} {1e3 * med:8.1f} ms/step   x{med / base:5.2f} of muzero")
     ratio = np.median(times["unizero uncached"]) / np.median(times["unizero cached"])
-    print(f"  uncached / cached  {ratio:.2f}  (same actions and values: checked)")
+    print(f"  uncached / cached    {ratio:.2f}  (same actions and values: checked)")
+    per_round = np.array(times["unizero cached eager"]) / np.array(times["unizero cached"])
+    spread = f"rounds {per_round.min():.2f}-{per_round.max():.2f}"
+    print(f"  eager / traced call  {np.median(per_round):.2f} ({spread}; same actions and values bit for "
+          "bit: checked)")
 
 
 if __name__ == "__main__":
