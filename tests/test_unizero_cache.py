@@ -206,3 +206,49 @@ def test_traced_search_step_equals_the_two_eager_extends_across_batch_sizes_and_
         check([2, 7, 4])
         net.load_state_dict(other.state_dict())
         check([6, 1, 8, 3, 5])
+
+
+@pytest.mark.parametrize("positional", ["learned", "rope"])
+def test_traced_extends_equal_the_eager_ones_bit_for_bit(positional):
+    """Every path of :meth:`extend` (root windows of several tokens, cached appends, windows that slide and
+    are recomputed, rows with and without cached keys in one batch) runs traced where autograd is off and
+    gives the eager outputs and contexts bit for bit, the first trace made at batch size 1."""
+    from muzero_tune.models.traced import _TRACES
+
+    net = _net(positional, max_tokens=9)
+    eager = copy.deepcopy(net)
+    for attr in [a for a in dir(eager) if a.startswith("traceable_")]:
+        setattr(eager, attr, False)
+    g = torch.Generator().manual_seed(5)
+    rng = np.random.default_rng(5)
+
+    def same(a: TokenContext, b: TokenContext) -> None:
+        assert np.array_equal(a.length, b.length) and np.array_equal(a.kv_valid, b.kv_valid)
+        for x, y in ((a.tokens, b.tokens), (a.keys, b.keys), (a.values, b.values)):
+            assert (x is None) == (y is None) and (x is None or torch.equal(x, y))
+
+    with torch.no_grad():
+        for bsz in (1, 4, 3):
+            lens = rng.integers(1, 8, size=bsz)
+            toks = torch.randn(bsz, int(lens.max()), 32, generator=g)
+            ctxs = []
+            for m in (net, eager):
+                empty = TokenContext.empty(bsz, max_tokens=9, embed_dim=32, device=torch.device("cpu"),
+                                           dtype=torch.float32)  # fmt: skip
+                out, ctx = m.extend(empty, toks, lens, limit=7)
+                ctxs.append((out, ctx))
+            assert torch.equal(ctxs[0][0], ctxs[1][0])
+            same(ctxs[0][1], ctxs[1][1])
+            for _ in range(6):  # appends of 1-2 tokens, some rows' windows sliding
+                if rng.random() < 0.3:  # some rows lose their cached keys
+                    lost = np.flatnonzero(rng.random(bsz) < 0.5)
+                    ctxs = [(o, c.without_cache(lost)) for o, c in ctxs]
+                new = torch.randn(bsz, 2, 32, generator=g)
+                new_len = rng.integers(1, 3, size=bsz)
+                ctxs = [m.extend(c, new, new_len, limit=9) for m, (_, c) in zip((net, eager), ctxs)]
+                real = torch.arange(2)[None, :] < torch.as_tensor(new_len)[:, None]  # other slots: padding
+                assert torch.equal(ctxs[0][0][real], ctxs[1][0][real])
+                same(ctxs[0][1], ctxs[1][1])
+    names = {slot[0] for slot in _TRACES[net]}
+    assert {"window_step", "window_step_past", "attend_cached"} <= names
+    assert eager not in _TRACES

@@ -106,14 +106,21 @@ def autocast_dtype(device_type: str) -> torch.dtype | None:
 
 
 def _traced(
-    model: nn.Module, call: str, wrapper: Callable[[nn.Module], nn.Module], inputs: tuple[Tensor, ...]
+    model: nn.Module,
+    call: str,
+    wrapper: Callable[[nn.Module], nn.Module],
+    inputs: tuple[Tensor, ...],
+    variant: object = None,
 ) -> nn.Module | None:
     """The cached traced twin of ``wrapper(model)`` for these inputs' trailing shapes and dtypes, or None
-    where the call runs eagerly (autograd on, the network not traceable for ``call``, or its trace failed)."""
+    where the call runs eagerly (autograd on, the network not traceable for ``call``, or its trace failed).
+    ``variant``: a call whose trailing shapes take a few values in turn keeps one trace per value."""
     if not getattr(model, f"traceable_{call}", False) or torch.is_grad_enabled():
         return None
     # a trace records autocast's casts (learn.mixed_precision): one trace per call and precision
     slot = (call, autocast_dtype(inputs[0].device.type))
+    if variant is not None:
+        slot = (*slot, variant)
     calls = _TRACES.get(model)
     cached = calls.get(slot) if calls is not None else None
     # the first parameter, looked up through its owner: ``next(model.parameters())`` walks every submodule
@@ -162,10 +169,11 @@ def recurrent_state_outputs(
     return next_latent, reward_logits, value_logits, policy, (h, c)
 
 
-def traced_method(model: nn.Module, name: str, *inputs: Tensor) -> tuple[Tensor, ...]:
+def traced_method(model: nn.Module, name: str, *inputs: Tensor, variant: object = None) -> tuple[Tensor, ...]:
     """``model.<name>(*inputs)`` (tensors in, a tuple of tensors out), traced where the network declares
-    ``traceable_<name>`` = True and autograd is off, as the module docstring says."""
-    traced = _traced(model, name, lambda net: _Method(net, name), inputs)
+    ``traceable_<name>`` = True and autograd is off, as the module docstring says. ``variant`` (hashable):
+    one trace kept per value, for a call whose inputs' trailing shapes take a few values in turn (a width)."""
+    traced = _traced(model, name, lambda net: _Method(net, name), inputs, variant)
     return getattr(model, name)(*inputs) if traced is None else traced(*inputs)
 
 

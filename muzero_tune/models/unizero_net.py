@@ -35,6 +35,7 @@ from torch import Tensor, nn
 
 from muzero_tune.models.kv_cache import TokenContext, weights_tag
 from muzero_tune.models.muzero_net import _conv3x3, _halve, _res_stack, _zero_init
+from muzero_tune.models.traced import traced_method
 
 
 class SimNorm(nn.Module):
@@ -350,51 +351,87 @@ class UniZeroNet(nn.Module):
         j = np.arange(width)[None, :]
         src = np.where(j < fed_raw[:, None], start[:, None] + j, big_t + j - fed_raw[:, None])
         src = np.clip(src, 0, big_t + n - 1)
-        fed = _take(combined, src, dev)  # [B, width, E]
-        pos = torch.as_tensor(np.clip(past_len[:, None] + j, 0, big_t - 1), device=dev)
+        pos = np.clip(past_len[:, None] + j, 0, big_t - 1)
+        out_idx = np.clip(fed_len[:, None] - new_len[:, None] + np.arange(n)[None, :], 0, width - 1)
+        length = keep + new_len
+        jj = np.arange(big_t)[None, :]
+        tok_src = np.clip(
+            np.where(jj < keep[:, None], drop[:, None] + jj, big_t + jj - keep[:, None]), 0, big_t + n - 1
+        )
+        kv_src = np.where(jj < past_len[:, None], jj, big_t + jj - past_len[:, None])
+        kv_src = np.clip(kv_src, 0, big_t + width - 1)
+        plan = [torch.as_tensor(a, device=dev) for a in (src, pos, fed_len, out_idx, tok_src, kv_src)]
+        shape = (width, n)  # one trace per shape fed
+        if cached.any():  # some rows attend to their cached keys
+            out, tokens, keys, values = traced_method(
+                self, "window_step_past", combined, *plan, ctx.keys, ctx.values,
+                torch.as_tensor(past_len, device=dev), variant=shape,
+            )  # fmt: skip
+        else:
+            out, tokens, keys, values = traced_method(self, "window_step", combined, *plan, variant=shape)
+        kv_valid = np.full(bsz, use_cache, dtype=bool)
+        if not use_cache:
+            keys = values = None
+        return out, TokenContext(tokens, length, keys, values, kv_valid, tag)
+
+    # the tensor-only steps of extend and of the search below run as traced graphs where autograd is off
+    # (models/traced.py: ``traced_method``, one trace per shape fed)
+    traceable_window_step = True
+    traceable_window_step_past = True
+    traceable_attend_cached = True
+    traceable_cached_step = True
+
+    def window_step(
+        self, combined: Tensor, src: Tensor, pos: Tensor, fed_len: Tensor, out_idx: Tensor, tok_src: Tensor,
+        kv_src: Tensor,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+        """:meth:`extend`'s transformer work for rows that all recompute their windows (no cached keys):
+        see :meth:`window_step_past`."""
+        return self._window_step(combined, src, pos, fed_len, out_idx, tok_src, kv_src, None, None, None)
+
+    def window_step_past(
+        self, combined: Tensor, src: Tensor, pos: Tensor, fed_len: Tensor, out_idx: Tensor, tok_src: Tensor,
+        kv_src: Tensor, keys: Tensor, values: Tensor, past_len: Tensor,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+        """:meth:`extend`'s transformer work, its index plan made on the host (W = the widest row fed).
+
+        combined [B, T + n, E]: the rows' window tokens then the new ones; src [B, W]: the tokens fed (indices
+        into combined) at window positions pos [B, W], of which the first fed_len [B] are real; out_idx
+        [B, n]: where each new token's output is among those fed; tok_src [B, T]: the new windows' tokens
+        (indices into combined); kv_src [B, T]: the new windows' keys (indices into [cached ; fed]); keys,
+        values [B, L, H, T, dh] cached, of which each row's first past_len [B] are attended to.
+        Returns (outputs at the new tokens [B, n, E], tokens [B, T, E], keys, values [B, L, H, T, dh])."""
+        plan = (combined, src, pos, fed_len, out_idx, tok_src, kv_src)
+        return self._window_step(*plan, keys, values, past_len)
+
+    def _window_step(self, combined, src, pos, fed_len, out_idx, tok_src, kv_src, keys, values, past_len):
+        bsz, width = src.shape
+        dev = combined.device
+        fed = _gather_rows(combined, src)  # [B, W, E]
         jt = torch.arange(width, device=dev)
-        fed_valid = jt[None, :] < torch.as_tensor(fed_len, device=dev)[:, None]  # [B, width]
-        causal = jt[None, :] <= jt[:, None]  # [width(query), width(key)]
+        fed_valid = jt[None, :] < fed_len[:, None]  # [B, W]
+        causal = jt[None, :] <= jt[:, None]  # [W(query), W(key)]
         new_mask = (fed_valid[:, None, :] & causal) | torch.eye(width, dtype=torch.bool, device=dev)
-        use_past = bool(cached.any())
+        use_past = keys is not None
         if use_past:
-            past_mask = (
-                torch.arange(big_t, device=dev)[None, :] < torch.as_tensor(past_len, device=dev)[:, None]
-            )
+            big_t = self.max_tokens
+            past_mask = torch.arange(big_t, device=dev)[None, :] < past_len[:, None]
             mask = torch.cat([past_mask[:, None, :].expand(bsz, width, big_t), new_mask], dim=2)[:, None]
         else:
             mask = new_mask[:, None]
         x, rope = self._inputs(fed, pos)
         ks, vs = [], []
         for layer, block in enumerate(self.blocks):
-            pk = ctx.keys[:, layer].to(x.dtype) if use_past else None
-            pv = ctx.values[:, layer].to(x.dtype) if use_past else None
+            pk = keys[:, layer].to(x.dtype) if use_past else None
+            pv = values[:, layer].to(x.dtype) if use_past else None
             x, k, v = block(x, rope, pk, pv, mask)
             ks.append(k)
             vs.append(v)
-        hidden = self.ln_f(x)  # [B, width, E]
-        out_idx = np.clip(fed_len[:, None] - new_len[:, None] + np.arange(n)[None, :], 0, width - 1)
-        out = _take(hidden, out_idx, dev)  # [B, n, E]
-
-        length = keep + new_len
-        jj = np.arange(big_t)[None, :]
-        tok_src = np.clip(
-            np.where(jj < keep[:, None], drop[:, None] + jj, big_t + jj - keep[:, None]), 0, big_t + n - 1
-        )
-        tokens = _take(combined, tok_src, dev)  # [B, T, E]
-        keys = values = None
-        kv_valid = np.zeros(bsz, dtype=bool)
-        if use_cache:
-            kv_src = np.where(jj < past_len[:, None], jj, big_t + jj - past_len[:, None])
-            kv_src = torch.as_tensor(np.clip(kv_src, 0, big_t + width - 1), device=dev)
-            keys = torch.stack(
-                [_merge(ctx.keys, layer, k, use_past, kv_src) for layer, k in enumerate(ks)], 1
-            )
-            values = torch.stack(
-                [_merge(ctx.values, layer, v, use_past, kv_src) for layer, v in enumerate(vs)], 1
-            )
-            kv_valid[:] = True
-        return out, TokenContext(tokens, length, keys, values, kv_valid, tag)
+        out = _gather_rows(self.ln_f(x), out_idx)  # [B, n, E]
+        tokens = _gather_rows(combined, tok_src)  # [B, T, E]
+        new_keys = torch.stack([_merge(keys, i, k, use_past, kv_src) for i, k in enumerate(ks)], 1)
+        new_values = torch.stack([_merge(values, i, v, use_past, kv_src) for i, v in enumerate(vs)], 1)
+        return out, tokens, new_keys, new_values
 
     def _extend_cached(
         self, ctx: TokenContext, new: Tensor, old_len: np.ndarray, tag
@@ -403,10 +440,11 @@ class UniZeroNet(nn.Module):
         keys are written into a copy of the cache and the n queries attend over it (no re-gathering)."""
         bsz, n, _ = new.shape
         pos = torch.as_tensor(old_len[:, None] + np.arange(n)[None, :], device=new.device)  # [B, n]
-        hidden, tokens, keys, values = self._attend_cached(ctx.tokens, ctx.keys, ctx.values, pos, new)
+        cache = (ctx.tokens, ctx.keys, ctx.values)
+        hidden, tokens, keys, values = traced_method(self, "attend_cached", *cache, pos, new, variant=n)
         return hidden, TokenContext(tokens, old_len + n, keys, values, np.ones(bsz, dtype=bool), tag)
 
-    def _attend_cached(
+    def attend_cached(
         self, tokens: Tensor, keys: Tensor, values: Tensor, pos: Tensor, new: Tensor
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """New tokens [B, n, E] written at window positions ``pos`` [B, n] of copies of a cache (tokens
@@ -423,9 +461,6 @@ class UniZeroNet(nn.Module):
             x = block.attend_into(x, rope, keys[:, layer], values[:, layer], bi, pos, mask)
         return self.ln_f(x), tokens, keys, values
 
-    # the search step below may run as a traced graph (models/traced.py: ``traced_method``)
-    traceable_cached_step = True
-
     def cached_step(
         self, tokens: Tensor, keys: Tensor, values: Tensor, length: Tensor, action: Tensor
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
@@ -437,9 +472,9 @@ class UniZeroNet(nn.Module):
         [B] int64 or [B, D] float32. Returns (next latent [B, E], reward logits [B, 2Sr+1], value logits
         [B, 2Sv+1], policy params [B, P], and the contexts' tokens, keys and values after both appends)."""
         a = self.embed_action(action)[:, None].to(tokens.dtype)
-        h1, tokens, keys, values = self._attend_cached(tokens, keys, values, length[:, None], a)
+        h1, tokens, keys, values = self.attend_cached(tokens, keys, values, length[:, None], a)
         act = self.action_heads(h1[:, 0])
-        h2, tokens, keys, values = self._attend_cached(tokens, keys, values, length[:, None] + 1,
+        h2, tokens, keys, values = self.attend_cached(tokens, keys, values, length[:, None] + 1,
                                                        act.next_latent[:, None])  # fmt: skip
         obs = self.obs_heads(h2[:, 0])
         return act.next_latent, act.reward_logits, obs.value_logits, obs.policy_logits, tokens, keys, values
@@ -452,10 +487,9 @@ class UniZeroNet(nn.Module):
         return z, self.obs_heads(self.forward_sequence(z[:, None])[:, 0])
 
 
-def _take(x: Tensor, index: np.ndarray, dev: torch.device) -> Tensor:
+def _gather_rows(x: Tensor, index: Tensor) -> Tensor:
     """x [B, S, E] gathered along S by index [B, n] -> [B, n, E]."""
-    idx = torch.as_tensor(index, device=dev)
-    return torch.gather(x, 1, idx[:, :, None].expand(-1, -1, x.shape[2]))
+    return torch.gather(x, 1, index[:, :, None].expand(-1, -1, x.shape[2]))
 
 
 def _merge(past: Tensor | None, layer: int, new: Tensor, use_past: bool, src: Tensor) -> Tensor:

@@ -1,5 +1,5 @@
 """A UniZero collect step with and without its KV caches, against MuZero's, side by side in one process; and
-the cached step with its search call traced (the default) against the same call eager.
+the cached policy with its network calls traced (the default) against the same calls eager.
 
 One collect step = one batched ``policy.act`` over ``--envs`` envs of the preset's env with the preset's
 simulations (root inference + search). The cached and uncached policies act on the same recorded observation
@@ -82,7 +82,9 @@ def main(argv: list[str] | None = None) -> None:
     # the uncached and eager models are the cached one's weights; the eager one never runs a traced call
     for name in ("unizero uncached", "unizero cached eager"):
         variants[name][1].load_state_dict(variants["unizero cached"][1].state_dict())
-    variants["unizero cached eager"][1].traceable_cached_step = False
+    eager = variants["unizero cached eager"][1]
+    for attr in [a for a in dir(eager) if a.startswith("traceable_")]:
+        setattr(eager, attr, False)
     stream = _stream(variants["unizero cached"][0].cfg.env.env_id, args.envs, args.steps)
     times: dict[str, list[float]] = {k: [] for k in variants}
     for policy, model in variants.values():  # warm-up (numba, allocations)
