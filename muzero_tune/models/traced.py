@@ -19,7 +19,9 @@ What it must never do
     (``load_state_dict``, the collectors' weight sync, the learner's target-network update) are seen at once.
     A trace records autocast's casts, so each precision has its own. It is made again when the parameters
     are replaced (``.to(device)``), the train/eval mode, or the inputs' trailing shapes, dtypes or ranks
-    differ from the trace's; a network whose trace fails is called eagerly after.
+    differ from the trace's; a call whose shapes take a few values in turn (UniZero's window recompute, one
+    width per window length) names a ``variant`` and keeps one trace per value. A network whose trace fails
+    is called eagerly after.
 """
 
 from __future__ import annotations
