@@ -16,7 +16,10 @@ What this module owns
     * :meth:`UniZeroNet.extend` -- append tokens to the windows of a :class:`TokenContext`, reusing each row's
       cached keys/values when they are valid for the current weights, else recomputing the row's window from
       its raw tokens. When a window would exceed ``limit`` tokens its oldest (observation, action) pairs are
-      dropped and the row is recomputed (exact; cached keys are never shifted).
+      dropped and the row is recomputed (exact; cached keys are never shifted). Its index plan is made on the
+      host and its tensor work (:meth:`UniZeroNet.window_step`, :meth:`UniZeroNet.attend_cached`, and the
+      search's :meth:`UniZeroNet.cached_step`) runs as traced graphs where autograd is off
+      (:mod:`muzero_tune.models.traced`), bit for bit the eager results.
 
 What it must never do
     Decide when caches are cleared (the policy does) or hold per-env state (contexts are values passed in and
