@@ -76,3 +76,8 @@ def test_pieces_are_recorded_with_their_failures_and_a_second_call_runs_only_wha
     third = _tool(root, out, "--rerun", "--max-wall-s", "0")
     assert "--max-wall-s 0 reached" in third.stdout
     assert {name: (out / "results" / name).read_bytes() for name in results[:2]} == kept
+
+    # the stored pieces count as collected even when the calls that ran them left no collected.json behind
+    (out / "collected.json").unlink()
+    fourth = _tool(root, out, "--paths", "tests/test_learning.py")
+    assert "4 tests run of 4 collected in 3 pieces" in (out / "summary.md").read_text(), fourth.stdout

@@ -122,17 +122,19 @@ def broken(record: dict) -> bool:
     return record["exit_code"] not in (0, 5) and not record["tests"]
 
 
-def write_summary(out: Path, expected: int | None) -> tuple[list[dict], str]:
+def write_summary(out: Path, collected: set[str]) -> tuple[list[dict], str]:
     """Read every stored piece, write ``summary.md``; returns (the records, the summary's text)."""
     records = [json.loads(p.read_text()) for p in sorted((out / "results").glob("*.json"))]
-    text = summary(records, expected)
+    text = summary(records, collected)
     (out / "summary.md").write_text(text)
     return records, text
 
 
-def summary(records: list[dict], expected: int | None) -> str:
-    """The markdown record of the stored pieces."""
+def summary(records: list[dict], collected: set[str]) -> str:
+    """The markdown record of the stored pieces; ``collected``: the node ids the calls collected (a stored
+    piece's tests count as collected too, whichever call ran it)."""
     tests = [t for r in records for t in r["tests"]]
+    expected = len(collected | {t["id"] for t in tests}) or None
     counts = Counter(t["outcome"] for t in tests)
     wall_s = sum(r["wall_s"] for r in records)
     commits = Counter((r["commit"][:12], r["uncommitted_changes"]) for r in records)
@@ -179,7 +181,6 @@ def main(argv: list[str] | None = None) -> int:
     if node_ids:
         collected |= set(node_ids)
         collected_path.write_text(json.dumps(sorted(collected), indent=0))
-    expected = len(collected) or None
     t0 = time.monotonic()
     todo = pieces(node_ids)
     for i, (name, ids) in enumerate(todo.items(), 1):
@@ -193,8 +194,8 @@ def main(argv: list[str] | None = None) -> int:
         rec = run_piece(root, name, ids, args.mark, results_dir)
         outcomes = Counter(t["outcome"] for t in rec["tests"])
         print(f"[slow_suite]   exit {rec['exit_code']}, {rec['wall_s']:.0f} s: {dict(outcomes)}", flush=True)
-        write_summary(out, expected)
-    records, text = write_summary(out, expected)
+        write_summary(out, collected)
+    records, text = write_summary(out, collected)
     print(text.split("\n\n")[1])
     failed = any(t["outcome"] in ("failed", "error") for r in records for t in r["tests"])
     return 1 if failed or any(map(broken, records)) else 0
