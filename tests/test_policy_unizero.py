@@ -644,14 +644,12 @@ def test_acting_with_the_traced_search_step_equals_acting_eagerly():
     """The search's cached step (one graph for the action and the next-observation token) and the window
     recomputes run traced, and the whole act gives the eager model's actions, values and step stats bit for
     bit, windows sliding."""
-    from muzero_tune.models.traced import _TRACES
+    from muzero_tune.models.traced import _TRACES, make_eager
 
     obs = _episode(3, 9)
     policy, model = _policy()
     eager_policy, _ = _policy()
-    eager = copy.deepcopy(model)
-    for attr in [a for a in dir(eager) if a.startswith("traceable_")]:
-        setattr(eager, attr, False)  # the same weights, every call eager
+    eager = make_eager(copy.deepcopy(model))  # the same weights, every call eager
     states = [policy.initial_act_state(3), eager_policy.initial_act_state(3)]
     slid = []  # the search steps that recompute a window (it slides): extends up to max_tokens
     extend = model.extend

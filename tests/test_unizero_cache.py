@@ -213,12 +213,10 @@ def test_traced_extends_equal_the_eager_ones_bit_for_bit(positional):
     """Every path of :meth:`extend` (root windows of several tokens, cached appends, windows that slide and
     are recomputed, rows with and without cached keys in one batch) runs traced where autograd is off and
     gives the eager outputs and contexts bit for bit, the first trace made at batch size 1."""
-    from muzero_tune.models.traced import _TRACES
+    from muzero_tune.models.traced import _TRACES, make_eager
 
     net = _net(positional, max_tokens=9)
-    eager = copy.deepcopy(net)
-    for attr in [a for a in dir(eager) if a.startswith("traceable_")]:
-        setattr(eager, attr, False)
+    eager = make_eager(copy.deepcopy(net))
     g = torch.Generator().manual_seed(5)
     rng = np.random.default_rng(5)
 

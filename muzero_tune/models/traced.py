@@ -35,7 +35,8 @@ import torch
 from torch import Tensor, nn
 
 __all__ = [
-    "autocast_dtype", "initial_value_logits", "recurrent_outputs", "recurrent_state_outputs", "traced_method",
+    "autocast_dtype", "initial_value_logits", "make_eager", "recurrent_outputs", "recurrent_state_outputs",
+    "traced_method",
 ]
 
 # model -> {(call name, autocast dtype or None): (key, traced module or None, (module owning the first
@@ -93,6 +94,14 @@ class _InitialValue(nn.Module):
 
     def forward(self, obs: Tensor) -> Tensor:
         return self.net.initial_inference(obs).value_logits
+
+
+def make_eager(model: nn.Module) -> nn.Module:
+    """``model`` with every call it declares ``traceable_<call>`` switched to eager (instance attributes set
+    to False), for comparisons against its traced calls; returns it."""
+    for attr in [a for a in dir(model) if a.startswith("traceable_")]:
+        setattr(model, attr, False)
+    return model
 
 
 def autocast_dtype(device_type: str) -> torch.dtype | None:

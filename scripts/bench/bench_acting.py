@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from muzero_tune.config import make_config
-from muzero_tune.models.traced import _Recurrent, recurrent_outputs
+from muzero_tune.models.traced import _Recurrent, make_eager, recurrent_outputs
 from muzero_tune.pipeline.core import make_policy, setup_torch_threads
 
 
@@ -44,8 +44,7 @@ def main(argv: list[str] | None = None) -> None:
     eager_model = policy.build_model().eval()
     eager_model.load_state_dict(model.state_dict())
     # the same network, always called eagerly (every call it declares traceable)
-    for attr in [a for a in dir(eager_model) if a.startswith("traceable_")]:
-        setattr(eager_model, attr, False)
+    make_eager(eager_model)
     b = cfg.env.collector_env_num
     latent = torch.rand(b, *model.latent_shape)
     action = torch.randint(0, spec.num_actions, (b,))

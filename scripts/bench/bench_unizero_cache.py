@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from muzero_tune.config import make_config
+from muzero_tune.models.traced import make_eager
 from muzero_tune.pipeline.core import make_policy, setup_torch_threads
 
 
@@ -82,9 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     # the uncached and eager models are the cached one's weights; the eager one never runs a traced call
     for name in ("unizero uncached", "unizero cached eager"):
         variants[name][1].load_state_dict(variants["unizero cached"][1].state_dict())
-    eager = variants["unizero cached eager"][1]
-    for attr in [a for a in dir(eager) if a.startswith("traceable_")]:
-        setattr(eager, attr, False)
+    make_eager(variants["unizero cached eager"][1])
     stream = _stream(variants["unizero cached"][0].cfg.env.env_id, args.envs, args.steps)
     times: dict[str, list[float]] = {k: [] for k in variants}
     for policy, model in variants.values():  # warm-up (numba, allocations)
