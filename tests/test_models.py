@@ -219,17 +219,33 @@ def test_conv_rejects_bad_obs_shape():
         ConvMuZeroNet(obs_shape=(64, 64), num_actions=2)
 
 
-@pytest.mark.parametrize("continuous", [False, True])
-def test_traced_recurrent_call_equals_eager_across_batch_sizes_and_weight_loads(continuous):
-    """The search's traced recurrent call (models/traced.py) gives the eager outputs at a batch size other
-    than the one it was traced at, sees weights loaded in place afterwards, and is not used with autograd."""
-    from muzero_tune.models.sampled_net import MLPGaussianMuZeroNet
+@pytest.mark.parametrize("kind", ["mlp", "mlp_continuous", "conv", "conv_continuous", "conv_factored",
+                                  "conv_channels_last"])
+def test_traced_recurrent_call_equals_eager_across_batch_sizes_and_weight_loads(kind):
+    """The search's traced recurrent call (models/traced.py) gives the eager outputs bit for bit at batch
+    sizes other than the one it was traced at (1: a broadcast baked into the trace would show), sees weights
+    loaded in place afterwards, and is not used with autograd; for the MLP and the conv networks (whose
+    dynamics' action planes take their batch size from the latent), discrete, continuous and factored."""
+    from muzero_tune.models.factored_net import ConvFactoredMuZeroNet
+    from muzero_tune.models.sampled_net import ConvGaussianMuZeroNet, MLPGaussianMuZeroNet
     from muzero_tune.models.traced import _TRACES, recurrent_outputs
+
+    continuous = kind.endswith("continuous")
 
     def make(seed):
         torch.manual_seed(seed)
-        kw = dict(obs_dim=4, latent_dim=8, hidden_dim=16, value_support_size=5, reward_support_size=3)
-        net = MLPGaussianMuZeroNet(action_dim=2, **kw) if continuous else MLPMuZeroNet(num_actions=3, **kw)
+        sup = dict(value_support_size=5, reward_support_size=3)
+        mlp = dict(obs_dim=4, latent_dim=8, hidden_dim=16, **sup)
+        conv = dict(obs_shape=(3, 16, 16), num_channels=4, projection_dim=8, **sup)
+        net = {
+            "mlp": lambda: MLPMuZeroNet(num_actions=3, **mlp),
+            "mlp_continuous": lambda: MLPGaussianMuZeroNet(action_dim=2, **mlp),
+            "conv": lambda: ConvMuZeroNet(num_actions=3, **conv),
+            "conv_continuous": lambda: ConvGaussianMuZeroNet(action_dim=2, **conv),
+            "conv_factored": lambda: ConvFactoredMuZeroNet(nvec=(3, 2), **conv),
+            "conv_channels_last": lambda: ConvMuZeroNet(num_actions=3, **conv).to(
+                memory_format=torch.channels_last),
+        }[kind]()
         for p in net.parameters():  # the zero-initialised heads would hide a stale trace
             nn.init.normal_(p, std=0.3)
         return net.eval()
@@ -237,49 +253,58 @@ def test_traced_recurrent_call_equals_eager_across_batch_sizes_and_weight_loads(
     net, other = make(0), make(1)
 
     def action(b):
-        return torch.rand(b, 2) * 2 - 1 if continuous else torch.randint(0, 3, (b,))
+        if continuous:
+            return torch.rand(b, 2) * 2 - 1
+        if kind == "conv_factored":
+            return torch.stack([torch.randint(0, 3, (b,)), torch.randint(0, 2, (b,))], dim=1)
+        return torch.randint(0, 3, (b,))
 
-    def eager(b_latent, b_action):
+    def latent(b):
+        return torch.rand(b, *net.latent_shape)
+
+    def check(b_latent, b_action):
         out = net.recurrent_inference(b_latent, b_action)
-        return out.latent, out.reward_logits, out.value_logits, out.policy_logits
+        want = out.latent, out.reward_logits, out.value_logits, out.policy_logits
+        for got, w in zip(recurrent_outputs(net, b_latent, b_action), want, strict=True):
+            torch.testing.assert_close(got, w, rtol=0.0, atol=0.0)
 
     with torch.no_grad():
-        recurrent_outputs(net, torch.rand(8, 8), action(8))  # traced at B = 8
+        recurrent_outputs(net, latent(1), action(1))  # traced at B = 1
         assert _TRACES.get(net) is not None and _TRACES[net][("recurrent", None)][1] is not None
-        for b in (3, 8):
-            lat, act = torch.rand(b, 8), action(b)
-            for got, want in zip(recurrent_outputs(net, lat, act), eager(lat, act)):
-                torch.testing.assert_close(got, want)
+        for b in (3, 8, 1):
+            check(latent(b), action(b))
         net.load_state_dict(other.state_dict())  # in place, as a collector's weight sync
-        lat, act = torch.rand(5, 8), action(5)
-        for got, want in zip(recurrent_outputs(net, lat, act), eager(lat, act)):
-            torch.testing.assert_close(got, want)
+        lat, act = latent(5), action(5)
+        check(lat, act)
         # parameters replaced by new tensors (not in place): the trace is made again with them
         net.load_state_dict(make(2).state_dict(), assign=True)
-        for got, want in zip(recurrent_outputs(net, lat, act), eager(lat, act)):
-            torch.testing.assert_close(got, want)
-    lat = torch.rand(4, 8, requires_grad=True)
+        check(lat, act)
+    lat = latent(4).requires_grad_(True)
     assert recurrent_outputs(net, lat, action(4))[0].requires_grad  # eager under autograd
 
 
-@pytest.mark.parametrize("continuous", [False, True])
-def test_traced_value_prefix_call_equals_eager_with_its_lstm_state_across_batch_sizes_and_weight_loads(
-    continuous,
-):
+@pytest.mark.parametrize("kind", ["mlp", "mlp_continuous", "conv"])
+def test_traced_value_prefix_call_equals_eager_with_its_lstm_state_across_batch_sizes_and_weight_loads(kind):
     """EfficientZero's search call with its LSTM state (models/traced.py ``recurrent_state_outputs``) is
-    traced, gives the eager outputs and next (h, c) at a batch size other than the traced one and from
-    non-zero states, and sees weights loaded in place; the conv network (batch-shaped action planes) stays
-    eager."""
+    traced, gives the eager outputs and next (h, c) bit for bit at batch sizes other than the traced one
+    and from non-zero states, and sees weights loaded in place; MLP (discrete, continuous) and conv."""
     from muzero_tune.models.efficientzero_net import ConvEfficientZeroNet, MLPEfficientZeroNet
     from muzero_tune.models.sampled_net import MLPGaussianEfficientZeroNet
     from muzero_tune.models.traced import _TRACES, recurrent_state_outputs
 
+    continuous = kind == "mlp_continuous"
+
     def make(seed):
         torch.manual_seed(seed)
-        kw = dict(obs_dim=4, latent_dim=8, hidden_dim=16, value_support_size=5, reward_support_size=3,
-                  lstm_hidden_size=6)
-        net = (MLPGaussianEfficientZeroNet(action_dim=2, **kw) if continuous
-               else MLPEfficientZeroNet(num_actions=3, **kw))
+        sup = dict(value_support_size=5, reward_support_size=3, lstm_hidden_size=6)
+        kw = dict(obs_dim=4, latent_dim=8, hidden_dim=16, **sup)
+        if kind == "conv":
+            net = ConvEfficientZeroNet(obs_shape=(3, 16, 16), num_actions=3, num_channels=4, projection_dim=8,
+                                       **sup)  # fmt: skip
+        elif continuous:
+            net = MLPGaussianEfficientZeroNet(action_dim=2, **kw)
+        else:
+            net = MLPEfficientZeroNet(num_actions=3, **kw)
         for p in net.parameters():  # the zero-initialised heads would hide a stale trace
             nn.init.normal_(p, std=0.3)
         return net.eval()
@@ -288,41 +313,40 @@ def test_traced_value_prefix_call_equals_eager_with_its_lstm_state_across_batch_
 
     def inputs(b):
         act = torch.rand(b, 2) * 2 - 1 if continuous else torch.randint(0, 3, (b,))
-        return torch.rand(b, 8), act, (torch.randn(b, 6), torch.randn(b, 6))
+        return torch.rand(b, *net.latent_shape), act, (torch.randn(b, 6), torch.randn(b, 6))
 
     def check(lat, act, state):
         got = recurrent_state_outputs(net, lat, act, state)
         out = net.recurrent_inference(lat, act, state)
         want = (out.latent, out.reward_logits, out.value_logits, out.policy_logits, out.lstm_state)
-        for g, w in zip(got[:4], want[:4]):
-            torch.testing.assert_close(g, w)
-        torch.testing.assert_close(got[4][0], want[4][0])
-        torch.testing.assert_close(got[4][1], want[4][1])
+        for g, w in zip((*got[:4], *got[4]), (*want[:4], *want[4]), strict=True):
+            torch.testing.assert_close(g, w, rtol=0.0, atol=0.0)
         assert not torch.equal(got[4][0], state[0])  # the state moved
 
     with torch.no_grad():
-        recurrent_state_outputs(net, *inputs(8))  # traced at B = 8
+        recurrent_state_outputs(net, *inputs(1))  # traced at B = 1
         assert _TRACES[net][("recurrent_state", None)][1] is not None
         for b in (3, 8):
             check(*inputs(b))
         net.load_state_dict(other.state_dict())  # in place, as a collector's weight sync
         check(*inputs(5))
-        conv = ConvEfficientZeroNet(obs_shape=(3, 8, 8), num_actions=3, num_channels=4, lstm_hidden_size=6)
-        lat = conv.initial_inference(torch.rand(2, 3, 8, 8)).latent
-        recurrent_state_outputs(conv.eval(), lat, torch.tensor([0, 2]), conv.initial_lstm_state(2, like=lat))
-        assert conv not in _TRACES
 
 
-def test_traced_recurrent_call_of_the_history_network_equals_eager_and_follows_its_base():
-    """The recurrent-history network's search call is traced where its base network's is (MLP), gives the
-    eager outputs at another batch size and after an in-place weight load; over a conv base it is eager."""
+@pytest.mark.parametrize("base_kind", ["mlp", "conv"])
+def test_traced_recurrent_call_of_the_history_network_equals_eager_and_follows_its_base(base_kind):
+    """The recurrent-history network's search call is traced where its base network's is (MLP and conv),
+    gives the eager outputs bit for bit at another batch size and after an in-place weight load."""
     from muzero_tune.models.rnn_net import RNNMuZeroNet
     from muzero_tune.models.traced import _TRACES, recurrent_outputs
 
     def make(seed):
         torch.manual_seed(seed)
-        base = MLPMuZeroNet(obs_dim=4, num_actions=3, latent_dim=8, hidden_dim=16, value_support_size=5,
-                            reward_support_size=3)
+        sup = dict(value_support_size=5, reward_support_size=3)
+        if base_kind == "mlp":
+            base = MLPMuZeroNet(obs_dim=4, num_actions=3, latent_dim=8, hidden_dim=16, **sup)
+        else:
+            base = ConvMuZeroNet(obs_shape=(3, 16, 16), num_actions=3, num_channels=4, projection_dim=8,
+                                 **sup)
         net = RNNMuZeroNet(base, history_size=6)
         for p in net.parameters():
             nn.init.normal_(p, std=0.3)
@@ -331,20 +355,19 @@ def test_traced_recurrent_call_of_the_history_network_equals_eager_and_follows_i
     net, other = make(0), make(1)
 
     def check(b):
-        lat, act = torch.rand(b, 14), torch.randint(0, 3, (b,))
+        lat, act = torch.rand(b, *net.latent_shape), torch.randint(0, 3, (b,))
         out = net.recurrent_inference(lat, act)
-        for got, want in zip(recurrent_outputs(net, lat, act),
-                             (out.latent, out.reward_logits, out.value_logits, out.policy_logits)):
-            torch.testing.assert_close(got, want)
+        want_all = (out.latent, out.reward_logits, out.value_logits, out.policy_logits)
+        for got, want in zip(recurrent_outputs(net, lat, act), want_all, strict=True):
+            torch.testing.assert_close(got, want, rtol=0.0, atol=0.0)
 
     with torch.no_grad():
+        check(1)  # traced at B = 1
+        assert net.traceable_recurrent and _TRACES[net][("recurrent", None)][1] is not None
         check(8)
-        assert _TRACES[net][("recurrent", None)][1] is not None
         check(3)
         net.load_state_dict(other.state_dict())
         check(5)
-    conv = RNNMuZeroNet(ConvMuZeroNet(obs_shape=(3, 8, 8), num_actions=3, num_channels=4), history_size=6)
-    assert net.traceable_recurrent and not conv.traceable_recurrent
 
 
 def test_traced_stochastic_steps_equal_eager_across_batch_sizes_and_weight_loads():

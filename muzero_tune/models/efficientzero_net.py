@@ -137,6 +137,9 @@ class MLPEfficientZeroNet(_ValuePrefixMixin, MLPMuZeroNet):
 class ConvEfficientZeroNet(_ValuePrefixMixin, ConvMuZeroNet):
     """Conv EfficientZero: the LSTM reads a 1x1-conv reduction of the dynamics feature map."""
 
+    # shape-only control flow with the LSTM state as well: the search calls a traced twin (models/traced.py)
+    traceable_recurrent_state = True
+
     def __init__(self, *, lstm_hidden_size: int = 64, reduced_channels: int = 16, **kwargs) -> None:
         super().__init__(reduced_channels=reduced_channels, **kwargs)
         _check_positive("lstm_hidden_size", lstm_hidden_size)

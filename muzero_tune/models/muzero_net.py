@@ -358,8 +358,9 @@ class ConvMuZeroNet(MuZeroNetwork):
     bottleneck P -> P/4 -> P on the online branch.
     """
 
-    # represent + predict are batch-generic (traced for the bootstrap values); the dynamics' action plane is
-    # shaped with the batch size, so recurrent_inference stays eager
+    # shape-only control flow (the dynamics' action plane takes its batch size from the latent's shape, which
+    # a trace records): the search and the bootstrap values call traced twins (models/traced.py)
+    traceable_recurrent = True
     traceable_initial = True
 
     def __init__(
