@@ -1,12 +1,13 @@
 """CartPole-v1 learning check (slow; not in the default tests).
 
 For each seed, trains a CartPole preset (``--preset``, default ``cartpole_muzero``; any ``cartpole_<type>``
-works) with the sync pipeline until eval reward_mean >= 195
-over 8 episodes, and prints env steps and wall seconds to get there. Target on a 2-core machine: every
-seed within 30k env steps and 10 minutes.
+works) with the pipeline its config selects (sync unless ``--set policy.async_pipeline.enabled=true``) until
+eval reward_mean >= 195 over 8 episodes, and prints env steps and wall seconds to get there. Target on a
+2-core machine: every seed within 30k env steps and 10 minutes.
 
     python scripts/learning_curve.py --seeds 0 1 2
     python scripts/learning_curve.py --preset cartpole_efficientzero --seeds 0
+    python scripts/learning_curve.py --seeds 0 --set policy.async_pipeline.enabled=true  # Ray actors
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import argparse
 import json
 import sys
 
+from muzero_tune.api import train
 from muzero_tune.config import make_config, parse_set_args
-from muzero_tune.pipeline.sync_driver import train_muzero_segment
 from muzero_tune.runs.reporter import MemoryReporter
 
 
@@ -37,7 +38,7 @@ def run_seed(
     evaluation to stderr."""
     cfg = seed_config(seed, overrides, output_dir, preset)
     rep = _EchoReporter() if reporter is None else reporter
-    summary = train_muzero_segment(cfg, reporter=rep)
+    summary = train(cfg, reporter=rep)
     target = cfg.stop_value if cfg.stop_value is not None else 195.0
     return seed_row(seed, rep.evals, target, summary.stop_reason)
 
@@ -58,8 +59,8 @@ def seed_config(seed: int, overrides: dict, output_dir: str, preset: str = "cart
 
 def seed_row(seed: int, evals: list[dict], target: float, stop_reason: str) -> dict:
     """One seed's result from its evaluation rows: solved or not, env steps / wall seconds / train iterations
-    at the first evaluation at or above ``target``, the best return and the curve [(env steps, wall s,
-    return)]."""
+    at the first evaluation at or above ``target``, the best return, the pipeline that ran the evaluations
+    (``sync`` / ``async``) and the curve [(env steps, wall s, return)]."""
     solved = next((e for e in evals if e["reward_mean"] >= target), None)
     return {
         "seed": seed,
@@ -70,6 +71,7 @@ def seed_row(seed: int, evals: list[dict], target: float, stop_reason: str) -> d
         "train_iter_to_target": solved["train_iter"] if solved else None,
         "best_reward_mean": max((e["reward_mean"] for e in evals), default=None),
         "stop_reason": stop_reason,
+        "pipeline": evals[-1].get("pipeline") if evals else None,
         "curve": [(e["envstep"], round(e["wall_s"], 1), e["reward_mean"]) for e in evals],
     }
 

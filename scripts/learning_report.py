@@ -1,6 +1,6 @@
 """Learning report: a matrix of presets x seeds, one run at a time; a Markdown table and one plot per task.
 
-Each (preset, seed) cell is trained by ``learning_curve.run_seed`` (the sync pipeline, stopping at the
+Each (preset, seed) cell is trained by ``learning_curve.run_seed`` (the config's pipeline, stopping at the
 preset's ``stop_value`` or its env-step / wall budget) and its result is stored as
 ``<output-dir>/results/<preset>__seed<seed>.json`` the moment it finishes. A re-run skips the cells already
 stored (resumable: stop it at any time, start it again), and ``--table-only`` rebuilds the table and the plots
@@ -158,10 +158,10 @@ def run_cell(
         runs = os.path.join(output_dir, "runs")
         run_cfg = seed_config(seed, {**overrides, "stop_value": None}, runs, preset)
         rep = AlsoEvalPrinter(label, run_cfg, also, target, stop_at_own=stop_at_own)
-        from muzero_tune.pipeline.sync_driver import train_muzero_segment
+        from muzero_tune.api import train
 
         try:
-            stop_reason = train_muzero_segment(run_cfg, reporter=rep).stop_reason
+            stop_reason = train(run_cfg, reporter=rep).stop_reason
         except CellDone:
             stop_reason = "stop_value"
         row = seed_row(seed, rep.evals, target, stop_reason)

@@ -87,7 +87,7 @@ def test_a_tiny_real_cell_is_stored_then_skipped(report, tmp_path, capsys):
     path = report.cell_path(out, "cartpole_muzero", 3)
     rec = json.load(open(path))
     assert rec["solved"] and rec["env_id"] == "CartPole-v1" and rec["max_envstep"] == 400
-    assert rec["env_steps_to_target"] <= 400 and rec["curve"][-1][2] >= 1
+    assert rec["env_steps_to_target"] <= 400 and rec["curve"][-1][2] >= 1 and rec["pipeline"] == "sync"
     assert "| cartpole_muzero | CartPole-v1 | 1 | 1/1 |" in capsys.readouterr().out
     mtime = os.path.getmtime(path)
     assert report.main(args) == 0
@@ -107,6 +107,12 @@ def _cell(report, out, *extra):
         args += ["--set", s]
     assert report.main([*args, *extra]) == 0
     return json.load(open(report.cell_path(out, "cartpole_muzero", 3)))
+
+
+def test_a_cell_runs_the_pipeline_its_config_selects(report, ray_cluster, tmp_path):
+    rec = _cell(report, str(tmp_path / "rep"), "--set", "stop_value=1", "--set",
+                "policy.async_pipeline.enabled=true")
+    assert rec["pipeline"] == "async" and rec["solved"]  # its segments in flight may pass max_envstep
 
 
 def test_also_eval_compares_rules_on_the_same_training_run(report, tmp_path, capsys):

@@ -35,8 +35,8 @@ from muzero_tune.api import train
 first = []
 train_step = DriverCore.train_step
 
-def timed_train_step(self):
-    out = train_step(self)
+def timed_train_step(self, *args, **kwargs):
+    out = train_step(self, *args, **kwargs)
     if not first:
         first.append(time.monotonic() - T0)
     return out
