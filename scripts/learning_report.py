@@ -33,6 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from learning_curve import run_seed, seed_config, seed_row  # noqa: E402  (shared with learning_curve.py)
 
+from muzero_tune.api import train  # noqa: E402
 from muzero_tune.config import current_key, make_config, parse_set_args, to_flat_dict  # noqa: E402
 from muzero_tune.runs.reporter import MemoryReporter  # noqa: E402
 
@@ -158,8 +159,6 @@ def run_cell(
         runs = os.path.join(output_dir, "runs")
         run_cfg = seed_config(seed, {**overrides, "stop_value": None}, runs, preset)
         rep = AlsoEvalPrinter(label, run_cfg, also, target, stop_at_own=stop_at_own)
-        from muzero_tune.api import train
-
         try:
             stop_reason = train(run_cfg, reporter=rep).stop_reason
         except CellDone:
