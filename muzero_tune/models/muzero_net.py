@@ -109,6 +109,8 @@ class MuZeroNetwork(nn.Module):
     # search's recurrent call, the learner's bootstrap values); a network that branches on values keeps False
     traceable_recurrent: bool = False
     traceable_initial: bool = False
+    # True where models/host.py may run recurrent_inference as its numba kernel (it checks the layout too)
+    host_recurrent: bool = False
 
     # -- pieces implemented by subclasses ----------------------------------------------------
 
@@ -202,6 +204,9 @@ class MLPMuZeroNet(MuZeroNetwork):
     # shape-only control flow: the search and the bootstrap values call traced twins (models/traced.py)
     traceable_recurrent = True
     traceable_initial = True
+    # the search's call runs as one numba kernel on CPU (models/host.py; a subclass that overrides the
+    # dynamics or prediction falls back to the traced call by itself)
+    host_recurrent = True
 
     def __init__(
         self,

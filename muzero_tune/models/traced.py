@@ -97,9 +97,10 @@ class _InitialValue(nn.Module):
 
 
 def make_eager(model: nn.Module) -> nn.Module:
-    """``model`` with every call it declares ``traceable_<call>`` switched to eager (instance attributes set
-    to False), for comparisons against its traced calls; returns it."""
-    for attr in [a for a in dir(model) if a.startswith("traceable_")]:
+    """``model`` with every call it declares ``traceable_<call>`` (or ``host_recurrent``, models/host.py)
+    switched to eager (instance attributes set to False), for comparisons against its traced calls; returns
+    it."""
+    for attr in [a for a in dir(model) if a.startswith("traceable_") or a == "host_recurrent"]:
         setattr(model, attr, False)
     return model
 

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from muzero_tune.mcts import MuZeroSearch, SearchOutput
 from muzero_tune.models import build_network, logits_to_scalar, logits_to_scalar_np, two_hot_cross_entropy
+from muzero_tune.models.host import host_search_step
 from muzero_tune.models.traced import initial_value_logits, recurrent_outputs
 from muzero_tune.policies.base import LossOutput, Policy, SearchRoots, eval_mode, loss_output, model_device
 from muzero_tune.replay.targets import TrainBatch, make_batch, off_policy_td_steps
@@ -124,14 +125,21 @@ class MuZeroPolicy(Policy):
         """The search's model step: ``fn(latent [B, *state_shape], actions [B] int64)`` -> (next latent
         [B, *state_shape], rewards [B] float32, values [B] float32, policy logits [B, A] float32)."""
         dev = model_device(model)
+        rs, vs = model.reward_support_size, model.value_support_size
+        host = self.cfg.mcts.host_kernel
 
         def fn(latent: torch.Tensor, actions: np.ndarray):
-            # one traced call where the network allows it (models/traced.py: ~0.55x the eager call at B=8)
+            # the network call and the decoding as one numba kernel where the network allows it
+            # (models/host.py: about a fifth of the traced graph's time at the collect batch)
+            if host:
+                step = host_search_step(model, latent, actions, reward_support_size=rs, value_support_size=vs)
+                if step is not None:
+                    return step
+            # else one traced call where the network allows it (models/traced.py: ~0.55x the eager call)
             next_latent, reward_logits, value_logits, policy = recurrent_outputs(
                 model, latent, torch.as_tensor(actions, device=dev)
             )
             # decoded in numba: per-op torch overhead would otherwise rival the network call
-            rs, vs = model.reward_support_size, model.value_support_size
             reward = logits_to_scalar_np(reward_logits.float().cpu().numpy(), support_size=rs)
             value = logits_to_scalar_np(value_logits.float().cpu().numpy(), support_size=vs)
             return next_latent, reward, value, policy.float().cpu().numpy()
