@@ -9,7 +9,7 @@ from torch import nn
 
 from muzero_tune.config import make_config
 from muzero_tune.models import MLPMuZeroNet, logits_to_scalar
-from muzero_tune.models.host import MAX_ROWS, host_recurrent_outputs, host_search_step
+from muzero_tune.models.host import MAX_ROWS, host_recurrent_outputs, host_search_step, host_value_prefix_step
 from muzero_tune.pipeline.core import make_policy
 
 # float32 rounding of sums taken in another order: the outputs are O(1)..O(10) at these weights
@@ -70,6 +70,7 @@ def test_host_step_decodes_as_the_traced_call():
     latent = torch.rand(8, *host_net.latent_shape)
     actions = np.arange(8) % 2
     with torch.no_grad():
+        assert host_search_step(host_net, latent, actions, reward_support_size=5, value_support_size=50)
         got = policy.recurrent_fn(host_net)(latent, actions)
         want = policy.recurrent_fn(traced_net)(latent, actions)
         values = host_net.recurrent_inference(latent, torch.as_tensor(actions)).value_logits
@@ -94,6 +95,9 @@ def test_collect_step_with_the_host_kernel_matches_the_traced_one():
     traced_net = policy.build_model().eval()
     traced_net.load_state_dict(host_net.state_dict())
     traced_net.host_recurrent = False
+    with torch.no_grad():  # the kernel runs this network's search calls
+        assert host_search_step(host_net, torch.rand(8, *host_net.latent_shape), np.zeros(8),
+                                reward_support_size=5, value_support_size=50)  # fmt: skip
     obs = np.random.default_rng(0).normal(size=(8, *spec.obs_shape)).astype(np.float32)
     mask = np.ones((8, spec.num_actions), dtype=bool)
     outs = [
@@ -141,3 +145,40 @@ def test_host_call_rejects_an_action_outside_the_action_space():
     net = _net(0)
     with torch.no_grad(), pytest.raises(ValueError, match="num_actions"):
         host_recurrent_outputs(net, torch.rand(2, 16), torch.tensor([0, 3]))
+
+
+@pytest.mark.parametrize("preset", ["cartpole_efficientzero", "lunarlander_efficientzero"])
+def test_value_prefix_step_equals_the_traced_step_across_horizons_and_weight_loads(preset):
+    """EfficientZero's search step on the kernel (packed latent, LSTM state, depth and prefix) gives the
+    traced step's children, rewards, values and policy logits to float32 rounding, for parents that start
+    a horizon (zero LSTM state, the whole prefix as reward) and parents inside one, before and after an
+    in-place weight load."""
+    from muzero_tune.policies.efficientzero import pack_search_state
+
+    cfg = make_config(preset, overrides={"logging.quiet": True})
+    policy, spec = make_policy(cfg)
+    host_net, traced_net = policy.build_model().eval(), policy.build_model().eval()
+    traced_net.host_recurrent = False
+    rows, hidden = 12, host_net.lstm_hidden_size
+    torch.manual_seed(0)
+    state = (torch.randn(rows, hidden) * 0.5, torch.randn(rows, hidden) * 0.5)
+    depth = torch.arange(rows, dtype=torch.float32)  # every residue of the horizon, the root's 0 included
+    packed = pack_search_state(torch.rand(rows, *host_net.latent_shape), state, depth, torch.randn(rows) * 3)
+    actions = np.arange(rows) % spec.num_actions
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        for p in host_net.parameters():
+            nn.init.normal_(p, std=0.2)
+        traced_net.load_state_dict(host_net.state_dict())  # in place
+        with torch.no_grad():
+            assert host_value_prefix_step(host_net, packed, actions, horizon=policy.horizon,
+                                          reward_support_size=host_net.reward_support_size,
+                                          value_support_size=host_net.value_support_size)  # fmt: skip
+            got = policy.recurrent_fn(host_net)(packed, actions)
+            want = policy.recurrent_fn(traced_net)(packed, actions)
+        np.testing.assert_allclose(got[0].numpy(), want[0].numpy(), rtol=1e-5, atol=ATOL)
+        np.testing.assert_array_equal(got[0][:, -2].numpy(), depth.numpy() + 1)
+        for g, w in zip(got[1:], want[1:], strict=True):
+            assert g.dtype == np.float32
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-4)
+        assert np.abs(want[1]).min() > 1e-3  # rewards not zero: the horizon logic is exercised

@@ -449,3 +449,38 @@ def test_traced_initial_value_equals_eager_across_batch_sizes_weight_loads_and_p
         assert {("initial", None), ("initial", torch.bfloat16)} <= set(_TRACES[net])
         torch.testing.assert_close(initial_value_logits(net, o), eager(o), rtol=0, atol=0)  # fp32 trace kept
     assert initial_value_logits(net, obs(2)).requires_grad  # eager under autograd
+
+
+def test_set_training_switches_every_module_and_calls_an_overriding_train():
+    """policies.base.set_training (the acting context's mode switch) leaves every module in the asked mode,
+    as Module.train does, so batch norm uses its running statistics when acting; a model with a module that
+    overrides ``train`` gets that override called."""
+    import copy
+
+    from muzero_tune.policies.base import eval_mode, set_training
+
+    net = _conv().train()
+    obs = _obs(net)
+    reference = copy.deepcopy(net).eval()
+    set_training(net, False)
+    assert not any(m.training for m in net.modules())
+    with torch.no_grad():
+        acting = net.represent(obs)
+        torch.testing.assert_close(acting, reference.represent(obs), rtol=0.0, atol=0.0)
+        set_training(net, True)
+        assert all(m.training for m in net.modules())
+        assert not torch.allclose(net.represent(obs), acting)  # batch statistics again
+    with eval_mode(net):
+        assert not any(m.training for m in net.modules())
+    assert all(m.training for m in net.modules())
+
+    calls = []
+
+    class Custom(nn.Module):
+        def train(self, mode: bool = True):
+            calls.append(mode)
+            return super().train(mode)
+
+    net = nn.Sequential(nn.Linear(2, 2), Custom())
+    set_training(net, False)
+    assert calls == [False] and not any(m.training for m in net.modules())

@@ -125,7 +125,9 @@ def test_search_matches_reference_with_value_prefix_rewards_and_horizon_resets()
     # every node's reward in the real tree is the reference's prefix difference (or prefix after a reset)
     tree_reward = policy.search.tree.reward[:3, 1 : sims + 1]  # node s + 1 was expanded at simulation s
     ref_reward = np.array([[ref_ez.nodes[i]["reward"] for i in row] for row in ref_ez.created]).T
-    np.testing.assert_allclose(tree_reward, ref_reward, rtol=0, atol=1e-6)
+    # the search's step runs on the host kernel (models/host.py), the reference calls the network eagerly:
+    # float32 rounding of prefixes up to ~6, and of their differences, apart
+    np.testing.assert_allclose(tree_reward, ref_reward, rtol=0, atol=1e-5)
     nodes = ref_ez.nodes[3:]
     after_reset = [n for n in nodes if n["parent"]["depth"] % horizon == 0 and n["depth"] > 1]
     inside = [n for n in nodes if n["parent"]["depth"] % horizon != 0]

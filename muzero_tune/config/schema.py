@@ -135,9 +135,9 @@ class MctsConfig:
     deterministic_eval: bool = param(True, "evaluation breaks score ties by the lowest action index")
     host_kernel: bool = param(
         True,
-        "the search's network call and its decoding as one numba kernel where the network allows it (MLP "
-        "MuZero networks on CPU, float32, up to 64 rows; results equal the traced call's to float32 "
-        "rounding); false: the traced call",
+        "the search's network call and its decoding as one numba kernel where the network allows it (the "
+        "MLP MuZero and EfficientZero networks on CPU, float32, up to 64 rows; results equal the traced "
+        "call's to float32 rounding); false: the traced call",
     )
 
 

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from muzero_tune.models.efficientzero_net import LstmState, build_efficientzero_network
+from muzero_tune.models.host import host_value_prefix_step
 from muzero_tune.models.support import logits_to_scalar_np
 from muzero_tune.models.traced import recurrent_state_outputs
 from muzero_tune.policies.base import SearchRoots, model_device
@@ -125,8 +126,16 @@ class EfficientZeroPolicy(MuZeroPolicy):
     def recurrent_fn(self, model: torch.nn.Module):
         dev = model_device(model)
         shape, hidden, horizon = tuple(model.latent_shape), model.lstm_hidden_size, self.horizon
+        rs, vs = model.reward_support_size, model.value_support_size
+        host = self.cfg.mcts.host_kernel
 
         def fn(packed: torch.Tensor, actions: np.ndarray):
+            if host:  # the whole step below as one numba kernel where the network allows it (models/host.py)
+                step = host_value_prefix_step(
+                    model, packed, actions, horizon=horizon, reward_support_size=rs, value_support_size=vs
+                )
+                if step is not None:
+                    return step
             latent, (h, c), depth, parent_prefix = unpack_search_state(packed, shape, hidden)
             # a parent at depth % horizon == 0 (the root included) starts a new horizon: zero LSTM state,
             # and its children's rewards are their whole prefixes (depths are exact small floats)
@@ -138,7 +147,6 @@ class EfficientZeroPolicy(MuZeroPolicy):
             next_latent, prefix_logits, value_logits, policy, next_state = recurrent_state_outputs(
                 model, latent, torch.as_tensor(actions, device=dev), state
             )
-            rs, vs = model.reward_support_size, model.value_support_size
             prefix = logits_to_scalar_np(prefix_logits.float().cpu().numpy(), support_size=rs)
             value = logits_to_scalar_np(value_logits.float().cpu().numpy(), support_size=vs)
             child = pack_search_state(

@@ -76,7 +76,9 @@ def main(argv: list[str] | None = None) -> None:
             host.host_recurrent_outputs(model, latent, action)
 
     with torch.no_grad():
-        has_host = host.host_recurrent_outputs(model, latent, action) is not None
+        has_host = host.host_recurrent_outputs(model, latent, action) is not None  # the MuZero call
+    plan = host._plan(model)
+    host_steps = plan is not None  # this network's search steps run on a host kernel (any kind)
 
     rng = np.random.default_rng(0)
     obs = rng.random((b, *spec.obs_shape)).astype(np.float32)
@@ -102,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
 
         calls[f"compiled {mode}"] = run_compiled
     steps = {"act, traced": act(traced_model), "act, eager": act(eager_model)}
-    if has_host:
+    if host_steps:
         steps["act, host"] = act(model)
     for fn in (*calls.values(), *steps.values()):
         fn()
@@ -135,12 +137,12 @@ def main(argv: list[str] | None = None) -> None:
     e, t = np.asarray(times["act, eager"]), np.asarray(times["act, traced"])
     print(f"  collect step (policy.act): eager {1e3 * np.median(e):.2f} ms, traced {1e3 * np.median(t):.2f} "
           f"ms; eager / traced {ratio_text(e, t)}")  # fmt: skip
-    if has_host:
+    if host_steps:
         h = np.asarray(times["act, host"])
         print(f"  collect step (policy.act): host {1e3 * np.median(h):.2f} ms; traced / host "
               f"{ratio_text(t, h)}; eager / host {ratio_text(e, h)}")  # fmt: skip
     if args.host_rows and not has_host:
-        print("  --host-rows: this network does not run on the host kernel")
+        print("  --host-rows: this network's call does not run on the MuZero host kernel")
     elif args.host_rows:
         host_rows(policy, model, traced_model, spec.num_actions, args, clock, ratio_text)
 
