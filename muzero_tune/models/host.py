@@ -155,6 +155,7 @@ def _step(reward_support_size, value_support_size, eps, latent, action, dyn_laye
 
 @numba.njit(cache=True, nogil=True, fastmath=_FAST)
 def _sigmoid(x):
+    """1 / (1 + exp(-x)), float32."""
     return np.float32(1.0) / (np.float32(1.0) + np.exp(-x))
 
 
@@ -171,7 +172,7 @@ def _value_prefix_step(horizon, reward_support_size, value_support_size, eps, pa
     hid = w_hh.shape[1]
     latent_dim = width - 2 * hid - 2
     latent = np.ascontiguousarray(packed[:, :latent_dim])
-    hidden, next_latent = _dynamics(
+    _, next_latent = _dynamics(  # this network's LSTM reads the next latent, not the trunk's output
         latent, action, policy_w.shape[0], dyn_layers, dyn_latent_w, dyn_latent_b, ln_eps
     )
     # LSTMCell(next latent, (h, c)): gates i, f, g, o (torch's order) from both products
