@@ -9,7 +9,13 @@ from torch import nn
 
 from muzero_tune.config import make_config
 from muzero_tune.models import MLPMuZeroNet, logits_to_scalar
-from muzero_tune.models.host import MAX_ROWS, host_recurrent_outputs, host_search_step, host_value_prefix_step
+from muzero_tune.models.host import (
+    MAX_ROWS,
+    host_kernel_kind,
+    host_recurrent_outputs,
+    host_search_step,
+    host_value_prefix_step,
+)
 from muzero_tune.pipeline.core import make_policy
 
 # float32 rounding of sums taken in another order: the outputs are O(1)..O(10) at these weights
@@ -139,6 +145,9 @@ def test_host_call_declines_what_it_does_not_compute():
             MLPEfficientZeroNet(num_actions=3, **mlp),
         ):
             assert host_recurrent_outputs(other.eval(), latent, action) is None
+    kinds = [host_kernel_kind(m) for m in (net, off, wide, MLPEfficientZeroNet(num_actions=3, **mlp),
+                                           MLPGaussianMuZeroNet(action_dim=2, **mlp))]  # fmt: skip
+    assert kinds == ["reward", None, None, "value_prefix", None]
 
 
 def test_host_call_rejects_an_action_outside_the_action_space():

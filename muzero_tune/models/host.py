@@ -38,7 +38,9 @@ from muzero_tune.models.muzero_net import MLPMuZeroNet, MuZeroNetwork
 from muzero_tune.models.support import DEFAULT_EPS, _logits_to_scalar_np
 from muzero_tune.models.traced import autocast_dtype
 
-__all__ = ["MAX_ROWS", "host_recurrent_outputs", "host_search_step", "host_value_prefix_step"]
+__all__ = [
+    "MAX_ROWS", "host_kernel_kind", "host_recurrent_outputs", "host_search_step", "host_value_prefix_step",
+]
 
 # reassociation lets the dot products vectorise; NaN and inf keep their IEEE meaning
 _FAST = {"reassoc", "contract"}
@@ -334,6 +336,16 @@ def _plan(model: nn.Module) -> tuple[str, tuple] | None:
         owner = model.get_submodule(owner_name)
         _PLANS[model] = (owner, attr, owner._parameters[attr].data_ptr(), plan)
     return plan
+
+
+def host_kernel_kind(model: nn.Module) -> str | None:
+    """Which host kernel runs ``model``'s search steps: "reward" (:func:`host_search_step`), "value_prefix"
+    (:func:`host_value_prefix_step`), or None where none does (its layout, device or dtype; the per-call
+    conditions, autograd, autocast and row counts, are checked at each call)."""
+    if not getattr(model, "host_recurrent", False):
+        return None
+    plan = _plan(model)
+    return None if plan is None else plan[0]
 
 
 def _inputs(model: nn.Module, x: Tensor, kind: str) -> tuple | None:

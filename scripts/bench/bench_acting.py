@@ -77,8 +77,7 @@ def main(argv: list[str] | None = None) -> None:
 
     with torch.no_grad():
         has_host = host.host_recurrent_outputs(model, latent, action) is not None  # the MuZero call
-    plan = host._plan(model)
-    host_steps = plan is not None  # this network's search steps run on a host kernel (any kind)
+    host_steps = host.host_kernel_kind(model) is not None  # its search steps run on a host kernel
 
     rng = np.random.default_rng(0)
     obs = rng.random((b, *spec.obs_shape)).astype(np.float32)
