@@ -150,10 +150,12 @@ def test_host_call_declines_what_it_does_not_compute():
     assert kinds == ["reward", None, None, "value_prefix", None]
 
 
-def test_host_call_rejects_an_action_outside_the_action_space():
+def test_host_call_rejects_an_action_outside_the_action_space_or_batch():
     net = _net(0)
     with torch.no_grad(), pytest.raises(ValueError, match="num_actions"):
         host_recurrent_outputs(net, torch.rand(2, 16), torch.tensor([0, 3]))
+    with torch.no_grad(), pytest.raises(ValueError, match="action batch 1 does not match latent batch 2"):
+        host_search_step(net, torch.rand(2, 16), np.zeros(1), reward_support_size=5, value_support_size=10)
 
 
 @pytest.mark.parametrize("preset", ["cartpole_efficientzero", "lunarlander_efficientzero"])

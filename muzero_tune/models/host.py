@@ -338,6 +338,14 @@ def _plan(model: nn.Module) -> tuple[str, tuple] | None:
     return plan
 
 
+def _actions(action: np.ndarray, rows: int) -> np.ndarray:
+    """``action`` as [rows] int64 (the kernels index with it unchecked, so its length is checked here)."""
+    a = np.asarray(action).reshape(-1).astype(np.int64, copy=False)
+    if len(a) != rows:
+        raise ValueError(f"action batch {len(a)} does not match latent batch {rows}")
+    return a
+
+
 def host_kernel_kind(model: nn.Module) -> str | None:
     """Which host kernel runs ``model``'s search steps: "reward" (:func:`host_search_step`), "value_prefix"
     (:func:`host_value_prefix_step`), or None where none does (its layout, device or dtype; the per-call
@@ -376,7 +384,7 @@ def host_recurrent_outputs(
     inputs = _inputs(model, latent, "reward")
     if inputs is None:
         return None
-    a = action.reshape(-1).numpy().astype(np.int64, copy=False)
+    a = _actions(action.reshape(-1).numpy(), len(inputs[0]))
     return tuple(torch.from_numpy(o) for o in _recurrent(inputs[0], a, *inputs[1]))  # type: ignore[return-value]
 
 
@@ -390,7 +398,7 @@ def host_search_step(
     inputs = _inputs(model, latent, "reward")
     if inputs is None:
         return None
-    a = np.asarray(action).reshape(-1).astype(np.int64, copy=False)
+    a = _actions(action, len(inputs[0]))
     next_latent, reward, value, policy = _step(
         reward_support_size, value_support_size, eps, inputs[0], a, *inputs[1]
     )
@@ -409,7 +417,7 @@ def host_value_prefix_step(
     inputs = _inputs(model, packed, "value_prefix")
     if inputs is None:
         return None
-    a = np.asarray(action).reshape(-1).astype(np.int64, copy=False)
+    a = _actions(action, len(inputs[0]))
     child, reward, value, policy = _value_prefix_step(
         horizon, reward_support_size, value_support_size, eps, inputs[0], a, *inputs[1]
     )
