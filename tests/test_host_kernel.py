@@ -193,3 +193,32 @@ def test_value_prefix_step_equals_the_traced_step_across_horizons_and_weight_loa
             assert g.dtype == np.float32
             np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-4)
         assert np.abs(want[1]).min() > 1e-3  # rewards not zero: the horizon logic is exercised
+
+
+def test_stochastic_steps_equal_the_traced_steps_across_weight_loads():
+    """Stochastic MuZero's afterstate step (afterstate, decoded Q, chance logits) and chance step (latent,
+    reward, value, policy logits) on the kernels give the traced steps' results to float32 rounding, before
+    and after an in-place weight load; every chance code and action is exercised."""
+    cfg = make_config("cartpole_stochastic_muzero", overrides={"logging.quiet": True})
+    policy, spec = make_policy(cfg)
+    host_net, traced_net = policy.build_model().eval(), policy.build_model().eval()
+    traced_net.host_recurrent = False
+    assert host_kernel_kind(host_net) == "chance" and host_kernel_kind(traced_net) is None
+    rows = 12
+    latent = torch.rand(rows, *host_net.latent_shape)
+    actions = np.arange(rows) % spec.num_actions
+    codes = np.arange(rows) % host_net.chance_space_size
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        for p in host_net.parameters():
+            nn.init.normal_(p, std=0.2)
+        traced_net.load_state_dict(host_net.state_dict())  # in place
+        with torch.no_grad():
+            got, want = policy.search_fns(host_net), policy.search_fns(traced_net)
+            for name, index in (("afterstate_fn", actions), ("recurrent_fn", codes)):
+                g, w = got[name](latent, index), want[name](latent, index)
+                np.testing.assert_allclose(g[0].numpy(), w[0].numpy(), rtol=0.0, atol=ATOL)
+                for a, b in zip(g[1:], w[1:], strict=True):
+                    assert a.dtype == np.float32
+                    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-4)
+                assert np.abs(w[1]).min() > 1e-3  # decoded Q / rewards not zero: the heads are exercised

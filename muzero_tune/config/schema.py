@@ -136,8 +136,8 @@ class MctsConfig:
     host_kernel: bool = param(
         True,
         "the search's network call and its decoding as one numba kernel where the network allows it (the "
-        "MLP MuZero and EfficientZero networks on CPU, float32, up to 64 rows; results equal the traced "
-        "call's to float32 rounding); false: the traced call",
+        "MLP MuZero, EfficientZero and Stochastic MuZero networks on CPU, float32, up to 64 rows; results "
+        "equal the traced call's to float32 rounding); false: the traced call",
     )
 
 

@@ -6,7 +6,9 @@ What this module owns
     (one-hot action, dynamics trunk, latent and reward heads, min-max normalisation, prediction trunk,
     value and policy heads); :func:`host_value_prefix_step`, the same step of an ``MLPEfficientZeroNet`` on
     its packed node states (the horizon's LSTM reset, the LSTM cell, the value-prefix head, the child's
-    packed state); and the per-model plan of which parameter arrays each kernel reads. Each runs as one
+    packed state); :func:`host_afterstate_step` and :func:`host_chance_step`, an
+    ``MLPStochasticMuZeroNet``'s two search steps (the chance step is the MuZero kernel over one-hot chance
+    codes); and the per-model plan of which parameter arrays each kernel reads. Each runs as one
     compiled numba function on CPU float32 arrays. Why: at the search's batch sizes (one row per env) the
     network's arithmetic is a few microseconds and the rest of a torch call, traced or eager, is per-op
     dispatch; one kernel call costs about a quarter of the traced graph's, and a CartPole collect step
@@ -35,11 +37,13 @@ from torch import Tensor, nn
 
 from muzero_tune.models.efficientzero_net import MLPEfficientZeroNet
 from muzero_tune.models.muzero_net import MLPMuZeroNet, MuZeroNetwork
+from muzero_tune.models.stochastic_net import MLPStochasticMuZeroNet
 from muzero_tune.models.support import DEFAULT_EPS, _logits_to_scalar_np
 from muzero_tune.models.traced import autocast_dtype
 
 __all__ = [
-    "MAX_ROWS", "host_kernel_kind", "host_recurrent_outputs", "host_search_step", "host_value_prefix_step",
+    "MAX_ROWS", "host_afterstate_step", "host_chance_step", "host_kernel_kind", "host_recurrent_outputs",
+    "host_search_step", "host_value_prefix_step",
 ]
 
 # reassociation lets the dot products vectorise; NaN and inf keep their IEEE meaning
@@ -109,10 +113,13 @@ def _minmax_(x: np.ndarray, eps: float) -> None:
 
 
 @numba.njit(cache=True, nogil=True, fastmath=_FAST)
-def _dynamics(latent, action, num_actions, dyn_layers, dyn_latent_w, dyn_latent_b, ln_eps):
-    """``MLPMuZeroNet``'s dynamics trunk and latent head: latent [N, L], action [N] int64 -> (trunk output
-    [N, H], min-max normalised next latent [N, L])."""
+def _dynamics(latent, action, dyn_layers, dyn_latent_w, dyn_latent_b, ln_eps):
+    """``MLPMuZeroNet``'s dynamics trunk and latent head on (latent, one-hot action): latent [N, L], action
+    [N] int64 -> (trunk output [N, H], min-max normalised next latent [N, L]). The one-hot's width is the
+    first layer's input less L (the actions, or Stochastic MuZero's chance codes)."""
     n, latent_dim = latent.shape
+    first_w = dyn_layers[0][0] if len(dyn_layers) else dyn_latent_w
+    num_actions = first_w.shape[1] - latent_dim
     x = np.zeros((n, latent_dim + num_actions), dtype=np.float32)
     for r in range(n):
         if action[r] < 0 or action[r] >= num_actions:
@@ -132,7 +139,7 @@ def _recurrent(latent, action, dyn_layers, dyn_latent_w, dyn_latent_b, dyn_rewar
     """latent [N, L] float32, action [N] int64 -> (next latent [N, L], reward logits [N, 2Sr+1], value
     logits [N, 2Sv+1], policy logits [N, A]), all float32."""
     hidden, next_latent = _dynamics(
-        latent, action, policy_w.shape[0], dyn_layers, dyn_latent_w, dyn_latent_b, ln_eps
+        latent, action, dyn_layers, dyn_latent_w, dyn_latent_b, ln_eps
     )
     reward = _linear(hidden, dyn_reward_w, dyn_reward_b)
     pred_hidden = _trunk(next_latent, pred_layers, ln_eps)
@@ -155,6 +162,17 @@ def _step(reward_support_size, value_support_size, eps, latent, action, dyn_laye
     return next_latent, reward, value, policy
 
 
+@numba.njit(cache=True, nogil=True)
+def _afterstate_step(value_support_size, eps, latent, action, after_layers, after_out_w, after_out_b,
+                     after_pred_layers, q_w, q_b, chance_w, chance_b, ln_eps):  # fmt: skip
+    """``MLPStochasticMuZeroNet.afterstate_inference`` with its Q logits decoded: latent [N, L], action [N]
+    int64 -> (afterstate [N, L], Q [N], chance logits [N, C])."""
+    _, afterstate = _dynamics(latent, action, after_layers, after_out_w, after_out_b, ln_eps)
+    hidden = _trunk(afterstate, after_pred_layers, ln_eps)
+    q = _logits_to_scalar_np(_linear(hidden, q_w, q_b), value_support_size, eps)
+    return afterstate, q, _linear(hidden, chance_w, chance_b)
+
+
 @numba.njit(cache=True, nogil=True, fastmath=_FAST)
 def _sigmoid(x):
     """1 / (1 + exp(-x)), float32."""
@@ -175,7 +193,7 @@ def _value_prefix_step(horizon, reward_support_size, value_support_size, eps, pa
     latent_dim = width - 2 * hid - 2
     latent = np.ascontiguousarray(packed[:, :latent_dim])
     _, next_latent = _dynamics(  # this network's LSTM reads the next latent, not the trunk's output
-        latent, action, policy_w.shape[0], dyn_layers, dyn_latent_w, dyn_latent_b, ln_eps
+        latent, action, dyn_layers, dyn_latent_w, dyn_latent_b, ln_eps
     )
     # LSTMCell(next latent, (h, c)): gates i, f, g, o (torch's order) from both products
     h = np.zeros((n, hid), dtype=np.float32)
@@ -218,10 +236,11 @@ def _value_prefix_step(horizon, reward_support_size, value_support_size, eps, pa
     return child, prefix - base, value, policy
 
 
-def _plan_args(model: MLPMuZeroNet, kind: str, eps: float) -> tuple:
+def _plan_args(model: nn.Module, kind: str, eps: float) -> tuple:
     """The kernel's arguments after its inputs for ``model`` (``kind``: "reward" for :func:`_recurrent`,
-    "value_prefix" for :func:`_value_prefix_step`): numpy views of its parameters, each trunk as a typed
-    list of its layers, the trunks' LayerNorm eps last."""
+    "value_prefix" for :func:`_value_prefix_step`, "chance" for both of Stochastic MuZero's steps, a pair):
+    numpy views of its parameters, each trunk as a typed list of its layers, the trunks' LayerNorm eps
+    last."""
 
     def view(p: Tensor) -> np.ndarray:
         return p.detach().numpy()
@@ -233,6 +252,17 @@ def _plan_args(model: MLPMuZeroNet, kind: str, eps: float) -> tuple:
             out.append((view(lin.weight), view(lin.bias), view(norm.weight), view(norm.bias)))
         return out
 
+    if kind == "chance":  # (afterstate step's arguments, chance step's arguments)
+        return (
+            (layers(model.after_trunk), view(model.after_out.weight), view(model.after_out.bias),
+             layers(model.after_pred_trunk), view(model.after_pred_value.weight),
+             view(model.after_pred_value.bias), view(model.after_pred_chance.weight),
+             view(model.after_pred_chance.bias), eps),
+            (layers(model.dyn_trunk), view(model.dyn_latent.weight), view(model.dyn_latent.bias),
+             view(model.dyn_reward.weight), view(model.dyn_reward.bias), layers(model.pred_trunk),
+             view(model.pred_value.weight), view(model.pred_value.bias), view(model.pred_policy.weight),
+             view(model.pred_policy.bias), eps),
+        )  # fmt: skip
     dynamics = (layers(model.dyn_trunk), view(model.dyn_latent.weight), view(model.dyn_latent.bias))
     prediction = (
         layers(model.pred_trunk), view(model.pred_value.weight), view(model.pred_value.bias),
@@ -247,11 +277,11 @@ def _plan_args(model: MLPMuZeroNet, kind: str, eps: float) -> tuple:
     )  # fmt: skip
 
 
-def _trunks_eps(model: MLPMuZeroNet) -> float | None:
-    """The LayerNorm eps of the dynamics and prediction trunks where both are (Linear -> LayerNorm ->
-    ReLU) x n with biases and affine norms, one eps throughout (1e-5 for empty trunks); else None."""
+def _trunks_eps(*trunks: nn.Sequential) -> float | None:
+    """The LayerNorm eps of ``trunks`` where each is (Linear -> LayerNorm -> ReLU) x n with biases and affine
+    norms, one eps throughout (1e-5 for empty trunks); else None."""
     eps = set()
-    for trunk in (model.dyn_trunk, model.pred_trunk):
+    for trunk in trunks:
         if len(trunk) % 3:
             return None
         for i in range(0, len(trunk), 3):
@@ -272,14 +302,21 @@ def _overrides(cls: type, names: tuple[str, ...], base: type) -> bool:
 
 def _layout(model: nn.Module) -> tuple[str, float] | None:
     """(kernel kind, the trunks' LayerNorm eps) where ``model`` computes exactly what a kernel does: "reward"
-    (``MLPMuZeroNet``, :func:`_recurrent`) or "value_prefix" (``MLPEfficientZeroNet``,
-    :func:`_value_prefix_step`); None for any other network, a subclass that overrides their dynamics,
+    (``MLPMuZeroNet``, :func:`_recurrent`), "value_prefix" (``MLPEfficientZeroNet``,
+    :func:`_value_prefix_step`) or "chance" (``MLPStochasticMuZeroNet``: :func:`_afterstate_step`, and
+    :func:`_step` for its chance step); None for any other network, a subclass that overrides their dynamics,
     prediction or action input, or parameters off the CPU or not float32."""
-    if not isinstance(model, MLPMuZeroNet):
+    if not isinstance(model, (MLPMuZeroNet, MLPStochasticMuZeroNet)):
         return None
     if any(p.device.type != "cpu" or p.dtype != torch.float32 for p in model.parameters()):
         return None
     cls = type(model)
+    if isinstance(model, MLPStochasticMuZeroNet):
+        if _overrides(cls, ("afterstate_inference", "afterstate_dynamics", "afterstate_predict",
+                            "chance_inference", "dynamics", "predict"), MLPStochasticMuZeroNet):  # fmt: skip
+            return None
+        eps = _trunks_eps(model.after_trunk, model.after_pred_trunk, model.dyn_trunk, model.pred_trunk)
+        return None if eps is None else ("chance", eps)
     if _overrides(cls, ("predict", "action_features"), MLPMuZeroNet):
         return None
     if isinstance(model, MLPEfficientZeroNet):
@@ -301,7 +338,7 @@ def _layout(model: nn.Module) -> tuple[str, float] | None:
         return None
     else:
         kind = "reward"
-    eps = _trunks_eps(model)
+    eps = _trunks_eps(model.dyn_trunk, model.pred_trunk)
     return None if eps is None else (kind, eps)
 
 
@@ -422,3 +459,34 @@ def host_value_prefix_step(
         horizon, reward_support_size, value_support_size, eps, inputs[0], a, *inputs[1]
     )
     return torch.from_numpy(child), reward, value, policy
+
+
+def host_afterstate_step(
+    model: nn.Module, latent: Tensor, action: np.ndarray, *, value_support_size: int, eps: float = DEFAULT_EPS
+) -> tuple[Tensor, np.ndarray, np.ndarray] | None:
+    """Stochastic MuZero's afterstate step by the host kernel (``MLPStochasticMuZeroNet``): latents
+    [B, L], actions [B] -> (afterstates [B, L] float32 tensor, Q [B] decoded, chance logits [B, C] float32
+    arrays); None where the kernel does not run (as :func:`host_recurrent_outputs`)."""
+    inputs = _inputs(model, latent, "chance")
+    if inputs is None:
+        return None
+    a = _actions(action, len(inputs[0]))
+    afterstate, q, chance = _afterstate_step(value_support_size, eps, inputs[0], a, *inputs[1][0])
+    return torch.from_numpy(afterstate), q, chance
+
+
+def host_chance_step(
+    model: nn.Module, afterstate: Tensor, code: np.ndarray, *, reward_support_size: int,
+    value_support_size: int, eps: float = DEFAULT_EPS,
+) -> tuple[Tensor, np.ndarray, np.ndarray, np.ndarray] | None:  # fmt: skip
+    """Stochastic MuZero's chance step by the host kernel: afterstates [B, L], chance code indices [B] ->
+    (latents [B, L] float32 tensor, rewards [B], values [B], policy logits [B, A] float32 arrays); None
+    where the kernel does not run."""
+    inputs = _inputs(model, afterstate, "chance")
+    if inputs is None:
+        return None
+    c = _actions(code, len(inputs[0]))
+    latent, reward, value, policy = _step(
+        reward_support_size, value_support_size, eps, inputs[0], c, *inputs[1][1]
+    )
+    return torch.from_numpy(latent), reward, value, policy

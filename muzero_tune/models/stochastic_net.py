@@ -56,6 +56,8 @@ class MLPStochasticMuZeroNet(nn.Module):
     # shape-only control flow: the search calls traced twins of its two steps (models/traced.py)
     traceable_afterstate_inference = True
     traceable_chance_inference = True
+    # both steps run as numba kernels on CPU (models/host.py; a subclass that overrides them falls back)
+    host_recurrent = True
 
     def __init__(
         self,

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from muzero_tune.mcts.stochastic import StochasticMuZeroSearch
+from muzero_tune.models.host import host_afterstate_step, host_chance_step
 from muzero_tune.models.stochastic_net import build_stochastic_network
 from muzero_tune.models.support import logits_to_scalar, logits_to_scalar_np, scalar_to_target
 from muzero_tune.models.traced import traced_method
@@ -81,9 +82,14 @@ class StochasticMuZeroPolicy(MuZeroPolicy):
     def search_fns(self, model) -> dict:
         dev = model_device(model)
         vs, rs = model.value_support_size, model.reward_support_size
+        host = self.cfg.mcts.host_kernel
 
         def afterstate_fn(latent: torch.Tensor, actions: np.ndarray):
-            # traced calls where the network allows them (models/traced.py)
+            # numba kernels where the network allows them (models/host.py), else traced calls (traced.py)
+            if host:
+                step = host_afterstate_step(model, latent, actions, value_support_size=vs)
+                if step is not None:
+                    return step
             afterstate, q_logits, chance_logits = traced_method(
                 model, "afterstate_inference", latent, torch.as_tensor(actions, device=dev)
             )
@@ -91,6 +97,12 @@ class StochasticMuZeroPolicy(MuZeroPolicy):
             return afterstate, q, chance_logits.float().cpu().numpy()
 
         def recurrent_fn(afterstate: torch.Tensor, codes: np.ndarray):
+            if host:
+                step = host_chance_step(
+                    model, afterstate, codes, reward_support_size=rs, value_support_size=vs
+                )
+                if step is not None:
+                    return step
             latent, r_logits, v_logits, p_logits = traced_method(
                 model, "chance_inference", afterstate, torch.as_tensor(codes, device=dev)
             )
