@@ -1,4 +1,4 @@
-"""The search's network call as a numba kernel (muzero_tune.models.host) against the eager network."""
+"""The search's steps as numba kernels (muzero_tune.models.host) against the eager and traced calls."""
 
 from __future__ import annotations
 
