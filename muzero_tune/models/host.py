@@ -385,7 +385,8 @@ def _actions(action: np.ndarray, rows: int) -> np.ndarray:
 
 def host_kernel_kind(model: nn.Module) -> str | None:
     """Which host kernel runs ``model``'s search steps: "reward" (:func:`host_search_step`), "value_prefix"
-    (:func:`host_value_prefix_step`), or None where none does (its layout, device or dtype; the per-call
+    (:func:`host_value_prefix_step`), "chance" (:func:`host_afterstate_step` and :func:`host_chance_step`),
+    or None where none does (its layout, device or dtype; the per-call
     conditions, autograd, autocast and row counts, are checked at each call)."""
     if not getattr(model, "host_recurrent", False):
         return None
