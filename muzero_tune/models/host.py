@@ -39,7 +39,7 @@ from muzero_tune.models.efficientzero_net import MLPEfficientZeroNet
 from muzero_tune.models.muzero_net import MLPMuZeroNet, MuZeroNetwork
 from muzero_tune.models.stochastic_net import MLPStochasticMuZeroNet
 from muzero_tune.models.support import DEFAULT_EPS, _logits_to_scalar_np
-from muzero_tune.models.traced import autocast_dtype
+from muzero_tune.models.traced import autocast_dtype, first_parameter_owner
 
 __all__ = [
     "MAX_ROWS", "host_afterstate_step", "host_chance_step", "host_kernel_kind", "host_recurrent_outputs",
@@ -357,7 +357,7 @@ def _plan(model: nn.Module) -> tuple[str, tuple] | None:
     """(kernel kind, its arguments) for ``model`` (cached; made again when its first parameter was replaced:
     a ``.to(device)`` or an assigning load replaces them all), or None where no kernel applies."""
     cached = _PLANS.get(model)
-    # the first parameter looked up through its owner, so a replaced parameter is seen (models/traced.py)
+    # the first parameter looked up through its owner, so a replaced parameter is seen
     if cached is not None and cached[0]._parameters[cached[1]].data_ptr() == cached[2]:
         return cached[3]
     with _LOCK:
@@ -368,9 +368,7 @@ def _plan(model: nn.Module) -> tuple[str, tuple] | None:
                 plan = layout[0], _plan_args(model, *layout)
             except Exception:  # noqa: BLE001 -- a parameter numba cannot view (strides): the caller's call
                 plan = None
-        name = next(n for n, _ in model.named_parameters())
-        owner_name, _, attr = name.rpartition(".")
-        owner = model.get_submodule(owner_name)
+        owner, attr = first_parameter_owner(model)
         _PLANS[model] = (owner, attr, owner._parameters[attr].data_ptr(), plan)
     return plan
 

@@ -35,8 +35,8 @@ import torch
 from torch import Tensor, nn
 
 __all__ = [
-    "autocast_dtype", "initial_value_logits", "make_eager", "recurrent_outputs", "recurrent_state_outputs",
-    "traced_method",
+    "autocast_dtype", "first_parameter_owner", "initial_value_logits", "make_eager", "recurrent_outputs",
+    "recurrent_state_outputs", "traced_method",
 ]
 
 # model -> {(call name, autocast dtype or None): (key, traced module or None, (module owning the first
@@ -105,6 +105,15 @@ def make_eager(model: nn.Module) -> nn.Module:
     return model
 
 
+def first_parameter_owner(model: nn.Module) -> tuple[nn.Module, str]:
+    """(the module owning ``model``'s first parameter, its attribute name). ``owner._parameters[name]`` is
+    that parameter as it is now: a cheap look-up (``next(model.parameters())`` walks every submodule, ~17 us
+    for the CartPole MLP) that also sees a parameter replaced since (``.to(device)``, an assigning load)."""
+    name = next(n for n, _ in model.named_parameters())
+    owner_name, _, attr = name.rpartition(".")
+    return model.get_submodule(owner_name), attr
+
+
 def autocast_dtype(device_type: str) -> torch.dtype | None:
     """The dtype autocast casts to on ``device_type`` ("cpu", "cuda") in this thread, None where it is off.
 
@@ -135,8 +144,7 @@ def _traced(
         slot = (*slot, variant)
     calls = _TRACES.get(model)
     cached = calls.get(slot) if calls is not None else None
-    # the first parameter, looked up through its owner: ``next(model.parameters())`` walks every submodule
-    # (~17 us per call for the CartPole MLP, 25 calls per collect step); this sees a replaced parameter too
+    # the first parameter, looked up through its owner (first_parameter_owner: cheap, sees a replacement)
     first = cached[2][0]._parameters[cached[2][1]] if cached is not None else next(model.parameters())
     key = (first.data_ptr(), model.training, *((x.shape[1:], x.dtype, x.dim()) for x in inputs))
     if cached is None or (cached[0] != key and cached[1] is not None):
@@ -148,9 +156,7 @@ def _traced(
                     traced = torch.jit.trace(wrapper(model), inputs, check_trace=False)
             except Exception:  # noqa: BLE001 -- any trace failure means: call this network eagerly
                 traced = None
-            name = next(n for n, _ in model.named_parameters())
-            owner_name, _, attr = name.rpartition(".")
-            cached = (key, traced, (model.get_submodule(owner_name), attr))
+            cached = (key, traced, first_parameter_owner(model))
             _TRACES.setdefault(model, {})[slot] = cached
     return cached[1]
 
