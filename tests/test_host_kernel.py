@@ -33,6 +33,31 @@ def _net(seed: int, *, layers: int = 1, actions: int = 3) -> MLPMuZeroNet:
     return net.eval()
 
 
+def _twins(preset: str):
+    """(policy, env spec, a network of ``preset`` whose search steps run on the host kernel, a second one on
+    the traced call), same weights."""
+    policy, spec = make_policy(make_config(preset, overrides={"logging.quiet": True}))
+    host_net, traced_net = policy.build_model().eval(), policy.build_model().eval()
+    traced_net.host_recurrent = False
+    traced_net.load_state_dict(host_net.state_dict())
+    return policy, spec, host_net, traced_net
+
+
+def _new_weights(host_net: nn.Module, traced_net: nn.Module, std: float) -> None:
+    """Random weights in ``host_net`` (the zero-initialised heads would hide a wrong head), loaded in place
+    into ``traced_net``."""
+    for p in host_net.parameters():
+        nn.init.normal_(p, std=std)
+    traced_net.load_state_dict(host_net.state_dict())
+
+
+def _assert_decoded_close(got, want) -> None:
+    """Decoded float32 search outputs (rewards or Q, values, logits) equal to float32 rounding."""
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == np.float32
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-4)  # decoded values are O(100)
+
+
 def _check(net: MLPMuZeroNet, rows: int) -> None:
     latent = torch.rand(rows, 16)
     action = torch.randint(0, net.num_actions, (rows,))
@@ -65,14 +90,8 @@ def test_host_call_equals_eager_across_depths_batch_sizes_and_weight_loads(layer
 def test_host_step_decodes_as_the_traced_call():
     """The policy's search step with the kernel (mcts.host_kernel) returns the traced step's next latent,
     rewards, values and policy logits to float32 rounding, on the CartPole preset's network."""
-    cfg = make_config("cartpole_muzero", overrides={"logging.quiet": True})
-    policy, _ = make_policy(cfg)
-    host_net = policy.build_model().eval()
-    for p in host_net.parameters():
-        nn.init.normal_(p, std=0.1)
-    traced_net = policy.build_model().eval()
-    traced_net.load_state_dict(host_net.state_dict())
-    traced_net.host_recurrent = False
+    policy, _, host_net, traced_net = _twins("cartpole_muzero")
+    _new_weights(host_net, traced_net, 0.1)
     latent = torch.rand(8, *host_net.latent_shape)
     actions = np.arange(8) % 2
     with torch.no_grad():
@@ -82,9 +101,7 @@ def test_host_step_decodes_as_the_traced_call():
         values = host_net.recurrent_inference(latent, torch.as_tensor(actions)).value_logits
     assert isinstance(got[0], torch.Tensor) and all(isinstance(x, np.ndarray) for x in got[1:])
     np.testing.assert_allclose(got[0].numpy(), want[0].numpy(), rtol=0.0, atol=ATOL)
-    for g, w in zip(got[1:], want[1:], strict=True):
-        assert g.dtype == np.float32
-        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-4)  # decoded values are O(100)
+    _assert_decoded_close(got[1:], want[1:])
     assert np.abs(want[2]).min() > 0.1  # the decoded values are not zero: the check has teeth
     decoded = logits_to_scalar(values, support_size=host_net.value_support_size).numpy()
     np.testing.assert_allclose(got[2], decoded, rtol=1e-5, atol=1e-4)
@@ -93,14 +110,8 @@ def test_host_step_decodes_as_the_traced_call():
 def test_collect_step_with_the_host_kernel_matches_the_traced_one():
     """A whole CartPole collect step (8 envs, 25 simulations, root noise) with the kernel picks the traced
     step's actions from the same visit counts; the root values agree to float32 rounding."""
-    cfg = make_config("cartpole_muzero", overrides={"logging.quiet": True})
-    policy, spec = make_policy(cfg)
-    host_net = policy.build_model().eval()
-    for p in host_net.parameters():
-        nn.init.normal_(p, std=0.1)
-    traced_net = policy.build_model().eval()
-    traced_net.load_state_dict(host_net.state_dict())
-    traced_net.host_recurrent = False
+    policy, spec, host_net, traced_net = _twins("cartpole_muzero")
+    _new_weights(host_net, traced_net, 0.1)
     with torch.no_grad():  # the kernel runs this network's search calls
         assert host_search_step(host_net, torch.rand(8, *host_net.latent_shape), np.zeros(8),
                                 reward_support_size=5, value_support_size=50)  # fmt: skip
@@ -166,10 +177,7 @@ def test_value_prefix_step_equals_the_traced_step_across_horizons_and_weight_loa
     in-place weight load."""
     from muzero_tune.policies.efficientzero import pack_search_state
 
-    cfg = make_config(preset, overrides={"logging.quiet": True})
-    policy, spec = make_policy(cfg)
-    host_net, traced_net = policy.build_model().eval(), policy.build_model().eval()
-    traced_net.host_recurrent = False
+    policy, spec, host_net, traced_net = _twins(preset)
     rows, hidden = 12, host_net.lstm_hidden_size
     torch.manual_seed(0)
     state = (torch.randn(rows, hidden) * 0.5, torch.randn(rows, hidden) * 0.5)
@@ -178,9 +186,7 @@ def test_value_prefix_step_equals_the_traced_step_across_horizons_and_weight_loa
     actions = np.arange(rows) % spec.num_actions
     for seed in (1, 2):
         torch.manual_seed(seed)
-        for p in host_net.parameters():
-            nn.init.normal_(p, std=0.2)
-        traced_net.load_state_dict(host_net.state_dict())  # in place
+        _new_weights(host_net, traced_net, 0.2)
         with torch.no_grad():
             assert host_value_prefix_step(host_net, packed, actions, horizon=policy.horizon,
                                           reward_support_size=host_net.reward_support_size,
@@ -189,9 +195,7 @@ def test_value_prefix_step_equals_the_traced_step_across_horizons_and_weight_loa
             want = policy.recurrent_fn(traced_net)(packed, actions)
         np.testing.assert_allclose(got[0].numpy(), want[0].numpy(), rtol=1e-5, atol=ATOL)
         np.testing.assert_array_equal(got[0][:, -2].numpy(), depth.numpy() + 1)
-        for g, w in zip(got[1:], want[1:], strict=True):
-            assert g.dtype == np.float32
-            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-4)
+        _assert_decoded_close(got[1:], want[1:])
         assert np.abs(want[1]).min() > 1e-3  # rewards not zero: the horizon logic is exercised
 
 
@@ -199,10 +203,7 @@ def test_stochastic_steps_equal_the_traced_steps_across_weight_loads():
     """Stochastic MuZero's afterstate step (afterstate, decoded Q, chance logits) and chance step (latent,
     reward, value, policy logits) on the kernels give the traced steps' results to float32 rounding, before
     and after an in-place weight load; every chance code and action is exercised."""
-    cfg = make_config("cartpole_stochastic_muzero", overrides={"logging.quiet": True})
-    policy, spec = make_policy(cfg)
-    host_net, traced_net = policy.build_model().eval(), policy.build_model().eval()
-    traced_net.host_recurrent = False
+    policy, spec, host_net, traced_net = _twins("cartpole_stochastic_muzero")
     assert host_kernel_kind(host_net) == "chance" and host_kernel_kind(traced_net) is None
     rows = 12
     latent = torch.rand(rows, *host_net.latent_shape)
@@ -210,15 +211,11 @@ def test_stochastic_steps_equal_the_traced_steps_across_weight_loads():
     codes = np.arange(rows) % host_net.chance_space_size
     for seed in (1, 2):
         torch.manual_seed(seed)
-        for p in host_net.parameters():
-            nn.init.normal_(p, std=0.2)
-        traced_net.load_state_dict(host_net.state_dict())  # in place
+        _new_weights(host_net, traced_net, 0.2)
         with torch.no_grad():
             got, want = policy.search_fns(host_net), policy.search_fns(traced_net)
             for name, index in (("afterstate_fn", actions), ("recurrent_fn", codes)):
                 g, w = got[name](latent, index), want[name](latent, index)
                 np.testing.assert_allclose(g[0].numpy(), w[0].numpy(), rtol=0.0, atol=ATOL)
-                for a, b in zip(g[1:], w[1:], strict=True):
-                    assert a.dtype == np.float32
-                    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-4)
+                _assert_decoded_close(g[1:], w[1:])
                 assert np.abs(w[1]).min() > 1e-3  # decoded Q / rewards not zero: the heads are exercised
