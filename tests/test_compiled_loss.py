@@ -171,3 +171,36 @@ def test_every_policy_types_compiled_loss_trains_as_its_eager_one(policy_type):
     """Each type's loss under ``learn.compile=default``: compiled, or (a type whose loss does not compile)
     eager after one warning; either way the eager learner's results within float rounding."""
     _compare_with_eager(policy_type)
+
+
+def test_the_first_backward_after_a_compiled_forward_counts_as_compile_time():
+    """AOTAutograd compiles a graph's backward at its first backward call: that call's wall time joins
+    ``compile_s``, later backwards and an uncompiled loss's do not."""
+    from muzero_tune.pipeline.compiled_loss import CompiledLoss
+
+    compiled = CompiledLoss(lambda m, b: None, mode="default", device=torch.device("cpu"), policy_name="t")
+    weight = torch.ones(3, requires_grad=True)
+    compiled.backward((weight * 2).sum())  # before any compiled forward: nothing to add to
+    assert compiled.compile_s is None
+    compiled.compile_s = 1.0  # as a first compiled forward leaves it
+    compiled.backward((weight * 2).sum())
+    after_first = compiled.compile_s
+    assert after_first > 1.0
+    compiled.backward((weight * 2).sum())
+    assert compiled.compile_s == after_first
+    torch.testing.assert_close(weight.grad, torch.full((3,), 6.0))  # three backwards ran
+
+
+@NEEDS_CXX
+@pytest.mark.slow
+def test_the_cpp_wrapper_runs_the_same_kernels_bit_for_bit():
+    """``learn.compile_cpp_wrapper`` changes only who calls the kernels: the weights and priorities of
+    STEPS steps equal those under Inductor's Python wrapper exactly."""
+    python_wrapper = _core("muzero", "default", **{"learn.compile_cpp_wrapper": False})
+    cpp_wrapper = _core("muzero", "default")
+    outs = [(python_wrapper.train_step(), cpp_wrapper.train_step()) for _ in range(STEPS)]
+    for a, b in outs:
+        np.testing.assert_array_equal(b.priorities, a.priorities)
+    ours = cpp_wrapper.learner.model.state_dict()
+    for key, ref in python_wrapper.learner.model.state_dict().items():
+        assert torch.equal(ours[key], ref), key

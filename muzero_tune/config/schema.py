@@ -245,6 +245,12 @@ class LearnConfig:
         "a part that cannot compile runs eager with one warning naming the cause",
         choices=("off", "default", "max-autotune-no-cudagraphs"),
     )
+    compile_cpp_wrapper: bool = param(
+        True,
+        "with learn.compile on a CPU learner: Inductor's generated C++ calls the compiled graph's kernels "
+        "instead of generated Python (the same kernels and results, less per-call overhead, a longer first "
+        "compile); no effect on CUDA",
+    )
     mixed_precision: bool = param(
         False,
         "autocast the learner's loss forward: bf16 on CUDA (fp16 where bf16 is missing) and on CPUs with "

@@ -7,7 +7,8 @@ priorities traces as one graph, whose backward AOTAutograd compiles with it; wha
 priorities to numpy, the metrics to floats) runs eager after it. A run's batch shape is fixed, so one graph
 serves every step; with torch's automatic dynamic shapes a size or int argument that changes (a loss that
 reports ``train_iter``) compiles once more, as a symbol (up to Dynamo's recompile limit, then eager).
-The first call's wall time, compile and step together, is kept as :attr:`CompiledLoss.compile_s`.
+The first call's wall time, compile and step together, and the first backward's (AOTAutograd compiles the
+backward graph then) are kept as :attr:`CompiledLoss.compile_s`.
 
 A loss that cannot compile (an op Dynamo cannot trace, no C++ compiler for Inductor's CPU kernels) warns
 once, naming the error, and runs eager from then on: the run goes on with the same results, only slower.
@@ -57,17 +58,29 @@ def tensor_batch(batch: TrainBatch, device: torch.device) -> TrainBatch:
     return dataclasses.replace(resolved, **moved, extras={k: to_tensor(v) for k, v in batch.extras.items()})
 
 
+def inductor_options(mode: str, *, cpp_wrapper: bool) -> dict[str, Any]:
+    """Inductor's options of ``torch.compile(mode=mode)``, with its C++ wrapper where ``cpp_wrapper``: the
+    graph's kernels and matmuls then called from generated C++ instead of generated Python (the same
+    kernels, so the same results; a longer first compile)."""
+    options = dict(torch._inductor.list_mode_options(mode))
+    if cpp_wrapper:
+        options["cpp_wrapper"] = True
+    return options
+
+
 class _CompiledOnce:
     """``fn`` compiled with ``torch.compile(mode=mode)``; eager from the first call that fails to compile,
     after one warning naming ``what`` and the cause. The first compiled call's wall time, compile and run
     together, is kept as :attr:`compile_s`."""
 
-    def __init__(self, fn: Callable[..., Any], *, what: str, mode: str, policy_name: str):
+    def __init__(
+        self, fn: Callable[..., Any], *, what: str, mode: str, policy_name: str, cpp_wrapper: bool = False
+    ):
         self.eager_fn = fn
         self.what = what
         self.mode = mode
         self.policy_name = policy_name
-        self.compiled_fn = torch.compile(fn, mode=None if mode == "default" else mode)
+        self.compiled_fn = torch.compile(fn, options=inductor_options(mode, cpp_wrapper=cpp_wrapper))
         self.compile_s: float | None = None  # wall seconds of the first compiled call (its run included)
         self.fallback_reason: str | None = None  # why it runs eager, once it does
 
@@ -104,9 +117,29 @@ class CompiledLoss(_CompiledOnce):
     """``loss_fn(model, batch, train_iter=...)`` compiled, called on :func:`tensor_batch` batches; eager (on
     the batch as it came, its arrays where it reads numpy) from the first call that fails to compile."""
 
-    def __init__(self, loss_fn: Callable[..., Any], *, mode: str, device: torch.device, policy_name: str):
-        super().__init__(loss_fn, what="loss", mode=mode, policy_name=policy_name)
+    def __init__(
+        self,
+        loss_fn: Callable[..., Any],
+        *,
+        mode: str,
+        device: torch.device,
+        policy_name: str,
+        cpp_wrapper: bool = False,
+    ):
+        super().__init__(loss_fn, what="loss", mode=mode, policy_name=policy_name, cpp_wrapper=cpp_wrapper)
         self.device = device
+        self._backward_timed = False
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """``loss.backward()`` for a loss this object returned. AOTAutograd compiles a graph's backward at
+        its first backward call, so the first one after the compiled forward adds its wall time (compile and
+        run together) to :attr:`compile_s`."""
+        first = self.compile_s is not None and not self._backward_timed
+        t0 = time.perf_counter()
+        loss.backward()
+        if first:
+            self.compile_s += time.perf_counter() - t0
+            self._backward_timed = True
 
     def __call__(self, model: torch.nn.Module, batch: TrainBatch, **kwargs: Any) -> Any:
         kwargs.pop("ssl_latent", None)  # encoded in the graph (module docstring)
@@ -126,8 +159,12 @@ def optimizer_step_compiles(lr_schedule: str, grad_scaler_enabled: bool) -> bool
 class CompiledOptimizerStep(_CompiledOnce):
     """``optimizer.step()`` compiled; eager from the first call that fails to compile."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, *, mode: str, policy_name: str):
-        super().__init__(optimizer.step, what="optimizer step", mode=mode, policy_name=policy_name)
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, *, mode: str, policy_name: str, cpp_wrapper: bool = False
+    ):
+        super().__init__(
+            optimizer.step, what="optimizer step", mode=mode, policy_name=policy_name, cpp_wrapper=cpp_wrapper
+        )
 
     def __call__(self) -> None:
         self._run(self.compiled_fn, self.eager_fn)

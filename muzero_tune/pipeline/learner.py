@@ -268,13 +268,18 @@ class Learner:
         self.compiled_loss: CompiledLoss | None = None
         self.compiled_optimizer_step: CompiledOptimizerStep | None = None
         if lc.compile != "off":
+            cpp_wrapper = lc.compile_cpp_wrapper and self.device.type == "cpu"
             self.compiled_loss = CompiledLoss(
-                policy.compute_loss, mode=lc.compile, device=self.device, policy_name=policy.name
+                policy.compute_loss,
+                mode=lc.compile,
+                device=self.device,
+                policy_name=policy.name,
+                cpp_wrapper=cpp_wrapper,
             )
             self.loss_fn = self.compiled_loss
             if optimizer_step_compiles(lc.lr_schedule, self._scaler.is_enabled()):
                 self.compiled_optimizer_step = CompiledOptimizerStep(
-                    self.optimizer, mode=lc.compile, policy_name=policy.name
+                    self.optimizer, mode=lc.compile, policy_name=policy.name, cpp_wrapper=cpp_wrapper
                 )
 
     def _make_ssl_offload(self) -> SslOffload | None:
@@ -379,7 +384,10 @@ class Learner:
         out = step.out
         with intra_op_threads(self.backward_threads):
             self.optimizer.zero_grad(set_to_none=True)
-            self._scaler.scale(out.loss).backward()
+            if self.compiled_loss is not None:  # its first backward compiles the backward graph
+                self.compiled_loss.backward(self._scaler.scale(out.loss))
+            else:
+                self._scaler.scale(out.loss).backward()
             self._scaler.unscale_(self.optimizer)
             grad_norm = clip_grad_norm(self._params, lc.grad_clip_norm)
             if self.compiled_optimizer_step is not None:  # no gradient scaler: optimizer_step_compiles

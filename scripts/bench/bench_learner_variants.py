@@ -6,6 +6,8 @@
         --variant "threads2:learn.num_threads=2" --busy-process
     python scripts/bench/bench_learner_variants.py --steps 10 \
         --variant "noprefetch:learn.prefetch_next_batch=false"
+    python scripts/bench/bench_learner_variants.py --steps 20 --matmul-floor \
+        --variant "compiled:learn.compile=default"
 
 One driver per variant -- the preset with ``--set`` (the ``base`` variant) and each ``--variant NAME:KEY=VALUE
 [,KEY=VALUE...]`` on top of it -- the same seed and data, each taking ``--steps`` full train steps (sample,
@@ -13,6 +15,11 @@ targets, loss, backward, step, write-back, and the work a step starts ahead for 
 interleaved rounds. Printed: each variant's median step and its median per-round speed-up over ``base``
 (>1: faster) with the spread. ``--busy-process`` runs a second process that spins on a core for the whole
 measurement, as a collector actor does beside an async learner on a 2-core machine.
+
+``--matmul-floor`` also prints the arithmetic no setting removes: every matrix product of the base variant's
+step on the thread that steps it (the loss's forward and backward; recorded by torch's profiler on the eager
+step, each with its shapes) timed alone, back to back on fresh fp32 and bf16 tensors. A step is no faster
+than those matmuls unless they shrink (bf16) or move to another core.
 """
 
 from __future__ import annotations
@@ -20,8 +27,11 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import threading
+import time
 
 import numpy as np
+import torch
 from bench_common import add_preset_args, filled_core, interleaved_train_steps, preset_overrides
 from proc_cpu import MachineCpu  # scripts/bench/, beside this script
 
@@ -43,6 +53,49 @@ def parse_variant(text: str) -> tuple[str, dict]:
     return name, parse_set_args(settings.split(","))
 
 
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+
+
+def recorded_matmuls(core, steps: int) -> list[tuple[str, list]]:
+    """The matrix products of ``steps`` eager train steps of ``core`` on the thread that steps it (the
+    loss's forward and backward): [(op name, input shapes)]."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        for _ in range(steps):
+            core.train_step()
+        core.settle()
+    here = threading.get_native_id()
+    return [(e.name, [list(s) for s in e.input_shapes]) for e in prof.events()
+            if e.name in MATMUL_OPS and e.thread == here]  # fmt: skip
+
+
+def timed_matmuls(calls: list[tuple[str, list]], dtype: torch.dtype, repeats: int = 5) -> float:
+    """Median seconds of running ``calls`` [(op name, input shapes)] once each, back to back."""
+    op = {"aten::mm": torch.mm, "aten::addmm": torch.addmm, "aten::bmm": torch.bmm,
+          "aten::baddbmm": torch.baddbmm}  # fmt: skip
+    args = [(op[name], [torch.randn(s, dtype=dtype) for s in shapes if s]) for name, shapes in calls]
+    for fn, a in args:  # warm: allocator, the library's kernels for each shape
+        fn(*a)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for fn, a in args:
+            fn(*a)
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def print_matmul_floor(core, steps: int, step_s: float) -> None:
+    """The base variant's matmuls per step, timed alone in fp32 and bf16, against its step ``step_s``."""
+    calls = recorded_matmuls(core, steps)
+    print(f"  the base step's {len(calls) // steps} matmuls on its own thread, timed alone:")
+    for dtype in (torch.float32, torch.bfloat16):
+        per_step = timed_matmuls(calls, dtype) / steps
+        print(f"    {str(dtype).removeprefix('torch.'):9s} {1e3 * per_step:6.2f} ms per step "
+              f"({per_step / step_s:.0%} of the base step)")  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_preset_args(p)
@@ -50,11 +103,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=2, help="train steps per driver per round")
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--busy-process", action="store_true", help="a second process spins on a core meanwhile")
+    p.add_argument("--matmul-floor", action="store_true", help="also time the base step's matmuls alone")
     args = p.parse_args(argv)
     if not args.variant:
         raise SystemExit("give at least one --variant to compare with the base settings")
     setup_torch_threads()
     overrides = preset_overrides(args)
+    if args.matmul_floor and overrides.get("learn.compile", "off") != "off":
+        raise SystemExit(
+            "--matmul-floor records the base variant's eager step: leave learn.compile off in --set"
+        )
     variants = {"base": {}, **dict(parse_variant(v) for v in args.variant)}
     cores = {name: filled_core(args.preset, {**overrides, **extra}) for name, extra in variants.items()}
     stop = mp.Event()
@@ -85,6 +143,8 @@ def main(argv: list[str] | None = None) -> None:
         stats = cores[name].prefetch_stats
         line += f"  batches built ahead: {stats['used']} used, {stats['discarded']} discarded"
         print(line)
+    if args.matmul_floor:
+        print_matmul_floor(cores["base"], args.steps, float(np.median(base)))
 
 
 if __name__ == "__main__":
