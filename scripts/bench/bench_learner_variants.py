@@ -13,8 +13,10 @@ One driver per variant -- the preset with ``--set`` (the ``base`` variant) and e
 [,KEY=VALUE...]`` on top of it -- the same seed and data, each taking ``--steps`` full train steps (sample,
 targets, loss, backward, step, write-back, and the work a step starts ahead for the next) in turn over
 interleaved rounds. Printed: each variant's median step and its median per-round speed-up over ``base``
-(>1: faster) with the spread. ``--busy-process`` runs a second process that spins on a core for the whole
-measurement, as a collector actor does beside an async learner on a 2-core machine.
+(>1: faster) with the spread, and a compiled variant's compile time (``train/compile_s``; cold with
+``TORCHINDUCTOR_CACHE_DIR`` set to an empty folder, else from Inductor's disk cache). ``--busy-process``
+runs a second process that spins on a core for the whole measurement, as a collector actor does beside an
+async learner on a 2-core machine.
 
 ``--matmul-floor`` also prints the arithmetic no setting removes: every matrix product of the base variant's
 step on the thread that steps it (the loss's forward and backward; recorded by torch's profiler on the eager
@@ -27,8 +29,8 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
-import threading
 import time
+from collections import Counter
 
 import numpy as np
 import torch
@@ -65,9 +67,12 @@ def recorded_matmuls(core, steps: int) -> list[tuple[str, list]]:
         for _ in range(steps):
             core.train_step()
         core.settle()
-    here = threading.get_native_id()
-    return [(e.name, [list(s) for s in e.input_shapes]) for e in prof.events()
-            if e.name in MATMUL_OPS and e.thread == here]  # fmt: skip
+    events = [e for e in prof.events() if e.name in MATMUL_OPS]
+    if not events:
+        return []
+    per_thread = Counter(e.thread for e in events)  # the loss's forward and backward: the most of them
+    stepping = per_thread.most_common(1)[0][0]
+    return [(e.name, [list(s) for s in e.input_shapes]) for e in events if e.thread == stepping]
 
 
 def timed_matmuls(calls: list[tuple[str, list]], dtype: torch.dtype, repeats: int = 5) -> float:
@@ -86,14 +91,23 @@ def timed_matmuls(calls: list[tuple[str, list]], dtype: torch.dtype, repeats: in
     return float(np.median(times))
 
 
+def matmul_flops(name: str, shapes: list) -> int:
+    """Floating-point operations of one recorded product: 2 m k n ([b, m, k] @ [b, k, n]: 2 b m k n)."""
+    a, b = (shapes[1], shapes[2]) if name in ("aten::addmm", "aten::baddbmm") else (shapes[0], shapes[1])
+    return 2 * int(np.prod(a)) * b[-1]
+
+
 def print_matmul_floor(core, steps: int, step_s: float) -> None:
     """The base variant's matmuls per step, timed alone in fp32 and bf16, against its step ``step_s``."""
     calls = recorded_matmuls(core, steps)
-    print(f"  the base step's {len(calls) // steps} matmuls on its own thread, timed alone:")
+    flops = sum(matmul_flops(name, shapes) for name, shapes in calls) / steps
+    print(f"  the base step's {len(calls) // steps} matmuls on its own thread ({flops / 1e6:.0f} MFLOP), "
+          "timed alone:")  # fmt: skip
     for dtype in (torch.float32, torch.bfloat16):
         per_step = timed_matmuls(calls, dtype) / steps
+        rate = flops / per_step / 1e9
         print(f"    {str(dtype).removeprefix('torch.'):9s} {1e3 * per_step:6.2f} ms per step "
-              f"({per_step / step_s:.0%} of the base step)")  # fmt: skip
+              f"({per_step / step_s:.0%} of the base step, {rate:.0f} GFLOP/s)")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -142,6 +156,9 @@ def main(argv: list[str] | None = None) -> None:
             line += f"  [{settings}]"
         stats = cores[name].prefetch_stats
         line += f"  batches built ahead: {stats['used']} used, {stats['discarded']} discarded"
+        compile_s = cores[name].last_learn.metrics.get("train/compile_s")
+        if compile_s is not None:
+            line += f"  compile {compile_s:.1f} s"
         print(line)
     if args.matmul_floor:
         print_matmul_floor(cores["base"], args.steps, float(np.median(base)))
