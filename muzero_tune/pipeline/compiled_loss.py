@@ -12,8 +12,11 @@ backward graph then) are kept as :attr:`CompiledLoss.compile_s`.
 
 A loss that cannot compile (an op Dynamo cannot trace, no C++ compiler for Inductor's CPU kernels) warns
 once, naming the error, and runs eager from then on: the run goes on with the same results, only slower.
-The SSL targets are encoded inside the graph (the learner's helper-thread SSL offload hands the loss a
-callable, which a graph cannot take), and the bootstrap values are waited for before the graph starts.
+What a policy's loss indexes by the data (``Policy.eager_loss_inputs``: the recurrent type's history
+replay) runs eager before the graph, on the batch as built, and enters it as tensors with their autograd
+history. The SSL targets are encoded inside the graph (the learner's helper-thread SSL offload hands the
+loss a callable, which a graph cannot take), and the bootstrap values are waited for before the graph
+starts.
 
 The optimizer's step (:class:`CompiledOptimizerStep`) is a second graph: every parameter's update (Adam's
 moments, weight decay, momentum) fused into a few kernels instead of one multi-tensor op after another. Its
@@ -125,9 +128,11 @@ class CompiledLoss(_CompiledOnce):
         device: torch.device,
         policy_name: str,
         cpp_wrapper: bool = False,
+        eager_inputs: Callable[[torch.nn.Module, TrainBatch], dict[str, Any]] | None = None,
     ):
         super().__init__(loss_fn, what="loss", mode=mode, policy_name=policy_name, cpp_wrapper=cpp_wrapper)
         self.device = device
+        self.eager_inputs = eager_inputs  # the policy's eager_loss_inputs: computed before the graph
         self._backward_timed = False
 
     def backward(self, loss: torch.Tensor) -> None:
@@ -143,10 +148,12 @@ class CompiledLoss(_CompiledOnce):
 
     def __call__(self, model: torch.nn.Module, batch: TrainBatch, **kwargs: Any) -> Any:
         kwargs.pop("ssl_latent", None)  # encoded in the graph (module docstring)
-        return self._run(
-            lambda: self.compiled_fn(model, tensor_batch(batch, self.device), **kwargs),
-            lambda: self.eager_fn(model, batch, **kwargs),
-        )
+
+        def run_compiled():
+            before = self.eager_inputs(model, batch) if self.eager_inputs is not None else {}
+            return self.compiled_fn(model, tensor_batch(batch, self.device), **kwargs, **before)
+
+        return self._run(run_compiled, lambda: self.eager_fn(model, batch, **kwargs))
 
 
 def optimizer_step_compiles(lr_schedule: str, grad_scaler_enabled: bool) -> bool:

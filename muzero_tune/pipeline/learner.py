@@ -275,6 +275,7 @@ class Learner:
                 device=self.device,
                 policy_name=policy.name,
                 cpp_wrapper=cpp_wrapper,
+                eager_inputs=policy.eager_loss_inputs,
             )
             self.loss_fn = self.compiled_loss
             if optimizer_step_compiles(lc.lr_schedule, self._scaler.is_enabled()):

@@ -318,6 +318,13 @@ class Policy(ABC):
     def compute_loss(self, model: torch.nn.Module, batch: TrainBatch, *, train_iter: int) -> LossOutput:
         """The weighted training loss of one batch; ``train_iter`` is always given (schedules use it)."""
 
+    def eager_loss_inputs(self, model: torch.nn.Module, batch: TrainBatch) -> dict[str, torch.Tensor]:
+        """Keyword inputs of :meth:`compute_loss` that a compiled loss computes before its graph, eager, on
+        the batch as built (numpy arrays): the part of a loss whose indexing depends on the data, which a
+        graph of fixed shapes cannot hold. Their autograd history joins the graph's, so gradients flow
+        through them. Without them, ``compute_loss`` computes the same itself. Here: none."""
+        return {}
+
     # ---------------------------------------------------------------- hooks (called for every policy)
 
     def on_weights_loaded(self, model: torch.nn.Module) -> None:  # noqa: B027 (optional hook)

@@ -308,6 +308,13 @@ class MuZeroRNNFullObsPolicy(CarriedStatePolicy):
         last = torch.as_tensor(ex[BURN_LEN] - 1, device=hs.device)
         return hs[torch.arange(hs.shape[0], device=hs.device), last]
 
-    def compute_loss(self, model, batch: TrainBatch, *, train_iter: int):
-        root_model = _RootHistory(model, self.root_history(model, batch))
-        return super().compute_loss(root_model, batch, train_iter=train_iter)
+    def eager_loss_inputs(self, model, batch: TrainBatch) -> dict[str, torch.Tensor]:
+        """The root histories: their replay indexes the window grid by the data (numpy)."""
+        return {"root_history": self.root_history(model, batch)}
+
+    def compute_loss(self, model, batch: TrainBatch, *, train_iter: int, root_history=None):
+        """MuZero's loss from each sample's root history h_t [B, H] (``root_history``; replayed here when
+        not given)."""
+        if root_history is None:
+            root_history = self.root_history(model, batch)
+        return super().compute_loss(_RootHistory(model, root_history), batch, train_iter=train_iter)
