@@ -148,12 +148,12 @@ class CompiledLoss(_CompiledOnce):
 
     def __call__(self, model: torch.nn.Module, batch: TrainBatch, **kwargs: Any) -> Any:
         kwargs.pop("ssl_latent", None)  # encoded in the graph (module docstring)
-
-        def run_compiled():
-            before = self.eager_inputs(model, batch) if self.eager_inputs is not None else {}
-            return self.compiled_fn(model, tensor_batch(batch, self.device), **kwargs, **before)
-
-        return self._run(run_compiled, lambda: self.eager_fn(model, batch, **kwargs))
+        if self.compiled and self.eager_inputs is not None:  # outside _run: their errors are not compiling's
+            kwargs.update(self.eager_inputs(model, batch))
+        return self._run(
+            lambda: self.compiled_fn(model, tensor_batch(batch, self.device), **kwargs),
+            lambda: self.eager_fn(model, batch, **kwargs),
+        )
 
 
 def optimizer_step_compiles(lr_schedule: str, grad_scaler_enabled: bool) -> bool:
