@@ -128,8 +128,13 @@ def test_ssl_encodings_on_the_helper_are_bit_identical_to_the_serial_loss(pong_s
 def test_batches_built_ahead_give_the_serial_run_when_thrown_away(cartpole_state):
     """``learn.prefetch_next_batch``: a CartPole driver takes train steps with pushes (and evictions), buffer
     reanalyze calls, draws from its RNG, budget ends and a resume in between; each of those makes the batch
-    built ahead stale, and the run stays step for step the one without prefetching."""
-    variants = {"serial": {}, "prefetch": {"learn.prefetch_next_batch": True}}
+    built ahead stale, and the run stays step for step the one without prefetching, whether the batch is
+    built on the helper thread beside the backward or on the step's own thread."""
+    variants = {
+        "serial": {},
+        "prefetch": {"learn.prefetch_next_batch": True},
+        "prefetch_on_step_thread": {"learn.prefetch_next_batch": True, "learn.build_ahead_on_helper": False},
+    }
     cores = _cores("cartpole_muzero", CARTPOLE_SMALL, cartpole_state, variants)
     segment_source = _core("cartpole_muzero", CARTPOLE_SMALL)
     fill_replay(segment_source, 120, seed=5)
@@ -152,6 +157,7 @@ def test_batches_built_ahead_give_the_serial_run_when_thrown_away(cartpole_state
     _assert_same_runs(cores, outs)
     stats = cores["prefetch"].prefetch_stats
     assert stats["used"] >= 6 and stats["discarded"] >= 3, stats
+    assert cores["prefetch_on_step_thread"].prefetch_stats == stats
     assert cores["serial"].prefetch_stats == {"used": 0, "discarded": 0}
 
 

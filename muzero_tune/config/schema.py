@@ -292,6 +292,12 @@ class LearnConfig:
         "reanalyze); thrown away unused if the buffer, the RNG or the target network changed since, so the "
         "batches and results are the same as without",
     )
+    build_ahead_on_helper: bool = param(
+        True,
+        "with learn.prefetch_next_batch: the next batch's draw and targets run on the helper thread too, "
+        "beside this step's backward, instead of on the step's thread between its forward and backward; the "
+        "step waits for them before it returns (no buffer write overlaps them), so results are the same",
+    )
     num_learners: int = param(
         0,
         "learner workers training the model data-parallel (DistributedDataParallel; gloo on CPU, NCCL on "

@@ -8,10 +8,12 @@ reporter) and :meth:`resume_state` / :meth:`load_resume_state`.
 
 A train step may build the next step's batch ahead (``learn.prefetch_next_batch``): once its loss's forward
 is done and its priorities are written back, so the next batch's bootstrap forward runs on the learner's
-helper thread beside this step's backward. It draws with a copy of the driver RNG and without ticking the
-buffer's clock, and the next :meth:`train_step` uses it only if the buffer's version, the RNG's state and
-the target network's version are still those it was built at (and then takes the copy's RNG state and the
-tick), so the batches, the RNG stream and every checkpoint are the same as building each batch in turn.
+helper thread beside this step's backward, and (``learn.build_ahead_on_helper``) its draw and targets
+there too, the step waiting for them before it returns, so no buffer write overlaps them. It draws with a
+copy of the driver RNG and without ticking the buffer's clock, and the next :meth:`train_step` uses it only
+if the buffer's version, the RNG's state and the target network's version are still those it was built at
+(and then takes the copy's RNG state and the tick), so the batches, the RNG stream and every checkpoint are
+the same as building each batch in turn.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import copy
 import functools
 import time
 from collections.abc import Callable
+from concurrent import futures
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
 
@@ -320,14 +324,24 @@ class DriverCore:
         taken = self._take_prefetched()
         sample, batch = taken if taken is not None else self.build_batch()
 
+        building: list[Future] = []  # the next batch's build on the helper thread, while it runs
+
         def after_forward(priorities: np.ndarray) -> None:
             if self.cfg.replay.use_priority:
                 if self.buffer.update_priorities(sample.flat_index, priorities, sample.make_time) == 0:
                     self.counters.stale_writebacks += 1
             if prefetch_next and self._may_prefetch():
-                self._prefetch()
+                if self.cfg.learn.build_ahead_on_helper:
+                    building.append(self.learner.bootstrap_helper.submit(self._prefetch))
+                else:
+                    self._prefetch()
 
-        out = self.learner.train_step(batch, after_forward=after_forward)
+        try:
+            out = self.learner.train_step(batch, after_forward=after_forward)
+        finally:
+            futures.wait(building)  # it reads the buffer: done before anything can write to it again
+        for build in building:
+            build.result()  # its error, if any
         self.last_learn = out
         return out
 
@@ -345,6 +359,9 @@ class DriverCore:
         )
 
     def _prefetch(self) -> None:
+        """Build the next batch with a copy of the driver RNG, without ticking the buffer's clock, and start
+        its bootstrap forward on the helper (on the helper itself: queued behind this). Reads the buffer and
+        the driver RNG only, so it may run on the helper beside the step's backward."""
         rng = copy.deepcopy(self.rng)
         rng_before = self.rng.bit_generator.state
         sample, batch = self.build_batch(rng, tick=False)
