@@ -31,7 +31,7 @@ def test_presets_name_prints_every_resolved_setting_marking_the_presets_own(caps
     (["train", "--preset", "minigrid_empty_muzero", "--help"],
      "  mcts.discount (float, minigrid_empty_muzero 0.95; default 0.997)"),
     (["train", "--preset=acrobot_muzero", "--help"],
-     "  eval.unvisited_q (str, acrobot_muzero 'min'; default"),
+     "  replay.td_steps (int, acrobot_muzero 50; default"),
 ])  # fmt: skip
 def test_train_help_lists_the_values_of_the_preset_it_would_run(argv, line, capsys):
     with pytest.raises(SystemExit) as exit_:
