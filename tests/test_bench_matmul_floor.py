@@ -8,14 +8,10 @@ import sys
 
 import torch
 
-from muzero_tune.config import make_config
-from muzero_tune.pipeline.collector import fill_replay
-from muzero_tune.pipeline.core import DriverCore
-from muzero_tune.runs.reporter import MemoryReporter
-
 BENCH_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "bench")
 sys.path.insert(0, BENCH_DIR)
 import bench_learner_variants as blv  # noqa: E402  (benchmark code, not part of the package)
+from bench_common import filled_core  # noqa: E402
 
 SMALL = {
     "logging.quiet": True, "learn.batch_size": 16, "mcts.num_simulations": 4, "model.hidden_dim": 24,
@@ -34,8 +30,7 @@ def test_matmul_flops_counts_two_per_multiply_add():
 def test_a_train_steps_matmuls_are_recorded_with_their_shapes_and_replay():
     """The step's forward products are there with the batch's rows (the first representation layer takes
     [B, 4] observations to the hidden width), as are the backward's, which outnumber them."""
-    core = DriverCore(make_config("cartpole_muzero", overrides=SMALL), MemoryReporter())
-    fill_replay(core, 100)
+    core = filled_core("cartpole_muzero", SMALL, min_transitions=100)
     core.train_step()
     calls = blv.recorded_matmuls(core, 2)
     batch, hidden = SMALL["learn.batch_size"], SMALL["model.hidden_dim"]

@@ -360,8 +360,8 @@ class DriverCore:
 
     def _prefetch(self) -> None:
         """Build the next batch with a copy of the driver RNG, without ticking the buffer's clock, and start
-        its bootstrap forward on the helper (on the helper itself: queued behind this). Reads the buffer and
-        the driver RNG only, so it may run on the helper beside the step's backward."""
+        its bootstrap forward on the helper (queued behind this build where the build runs there too). Reads
+        the buffer and the driver RNG only, so it may run on the helper beside the step's backward."""
         rng = copy.deepcopy(self.rng)
         rng_before = self.rng.bit_generator.state
         sample, batch = self.build_batch(rng, tick=False)
