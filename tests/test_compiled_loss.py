@@ -109,6 +109,44 @@ def test_a_loss_that_cannot_compile_warns_once_and_runs_eager():
         assert torch.equal(broken.learner.model.state_dict()[key], ref), key
 
 
+@NEEDS_CXX
+@pytest.mark.slow  # a forward compiled from an empty cache: about 30 s
+def test_a_backward_that_cannot_compile_warns_once_and_redoes_the_step_eager():
+    """AOTAutograd compiles the backward graph at the first backward: where that fails (here the C++
+    compiler goes missing after the forward compiled), one warning naming the cause, and the step's loss
+    runs again eager with its backward, so the weights after it are the eager learner's bit for bit; the
+    loss stays eager after that."""
+    # a learning rate that changes every step keeps the optimizer's step eager: the step is eager's exactly
+    over = {"model.hidden_dim": 20, "learn.lr_schedule": "cosine", "learn.lr_total_train_iter": 100}
+    eager, broken = _core("muzero", "off", **over), _core("muzero", "default", **over)
+    compiled_loss = broken.learner.compiled_loss
+    compile_backward = compiled_loss.backward
+    no_compiler = torch._inductor.config.patch({"cpp.cxx": ("/nonexistent/c++",)})
+
+    def backward_without_compiler(loss):
+        with no_compiler:
+            return compile_backward(loss)
+
+    compiled_loss.backward = backward_without_compiler
+    # nothing from a disk cache: the forward compiles here, and the backward must compile too
+    no_cache = torch._inductor.config.patch({"fx_graph_cache": False})
+    no_aot_cache = torch._functorch.config.patch({"enable_autograd_cache": False})
+    with no_cache, no_aot_cache, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first = (eager.train_step(), broken.train_step())
+        for key, ref in eager.learner.model.state_dict().items():
+            assert torch.equal(broken.learner.model.state_dict()[key], ref), key
+        second = (eager.train_step(), broken.train_step())
+    said = [str(w.message) for w in caught if issubclass(w.category, ConfigWarning) and "compile" in str(w)]
+    assert len(said) == 1, said
+    assert "muzero's loss does not compile (its backward: " in said[0]
+    assert not compiled_loss.compiled and broken.learner.compiled_optimizer_step is None
+    assert first[1].metrics["train/loss_total"] == first[0].metrics["train/loss_total"]
+    np.testing.assert_allclose(first[1].priorities, first[0].priorities, atol=PRIORITY_ATOL)  # compiled's
+    assert second[1].metrics["train/loss_total"] == pytest.approx(second[0].metrics["train/loss_total"])
+    assert broken.learner.train_iter == 2
+
+
 # a compiled optimizer step against torch's eager multi-tensor one, on the same weights and gradients: Adam's
 # and SGD's updates fused into other kernels differ at float32 rounding, and no more, after OPT_STEPS steps
 OPT_STEPS = 12

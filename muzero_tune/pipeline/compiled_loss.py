@@ -11,7 +11,9 @@ The first call's wall time, compile and step together, and the first backward's 
 backward graph then) are kept as :attr:`CompiledLoss.compile_s`.
 
 A loss that cannot compile (an op Dynamo cannot trace, no C++ compiler for Inductor's CPU kernels) warns
-once, naming the error, and runs eager from then on: the run goes on with the same results, only slower.
+once, naming the error, and runs eager from then on: the run goes on with the same results, only slower. So
+does one whose backward graph fails to compile at the first backward: that step's loss then runs again,
+eager, and its backward with it (the priorities already written back stay the compiled forward's).
 What a policy's loss indexes by the data (``Policy.eager_loss_inputs``: the recurrent type's history
 replay) runs eager before the graph, on the batch as built, and enters it as tensors with their autograd
 history. The SSL targets are encoded inside the graph (the learner's helper-thread SSL offload hands the
@@ -101,19 +103,23 @@ class _CompiledOnce:
         except Exception as exc:  # noqa: BLE001 (any compile failure: the eager call runs next)
             if self.compile_s is not None:
                 raise  # compiled before: an error of the call, not of compiling
-            # the first two lines: Inductor says "backend raised:" first and the cause next
-            said = [line.strip() for line in str(exc).splitlines() if line.strip()][:2]
-            self.fallback_reason = f"{type(exc).__name__}: {' '.join(said)[:300]}"
-            warnings.warn(
-                f"learn.compile={self.mode}: {self.policy_name}'s {self.what} does not compile "
-                f"({self.fallback_reason}); it runs eager",
-                ConfigWarning,
-                stacklevel=3,  # the caller of __call__
-            )
+            self._fall_back(exc, stacklevel=4)  # the caller of __call__
             return run_eager()
         if self.compile_s is None:
             self.compile_s = time.perf_counter() - t0
         return out
+
+    def _fall_back(self, exc: Exception, *, part: str = "", stacklevel: int) -> None:
+        """Run eager from now on, after one warning naming ``exc`` (and the ``part`` that did not compile)."""
+        # the first two lines: Inductor says "backend raised:" first and the cause next
+        said = [line.strip() for line in str(exc).splitlines() if line.strip()][:2]
+        self.fallback_reason = f"{part}{type(exc).__name__}: {' '.join(said)[:300]}"
+        warnings.warn(
+            f"learn.compile={self.mode}: {self.policy_name}'s {self.what} does not compile "
+            f"({self.fallback_reason}); it runs eager",
+            ConfigWarning,
+            stacklevel=stacklevel,
+        )
 
 
 class CompiledLoss(_CompiledOnce):
@@ -135,16 +141,25 @@ class CompiledLoss(_CompiledOnce):
         self.eager_inputs = eager_inputs  # the policy's eager_loss_inputs: computed before the graph
         self._backward_timed = False
 
-    def backward(self, loss: torch.Tensor) -> None:
-        """``loss.backward()`` for a loss this object returned. AOTAutograd compiles a graph's backward at
-        its first backward call, so the first one after the compiled forward adds its wall time (compile and
-        run together) to :attr:`compile_s`."""
+    def backward(self, loss: torch.Tensor) -> bool:
+        """``loss.backward()`` for a loss this object returned; False where it did not run. AOTAutograd
+        compiles a graph's backward at its first backward call, so the first one after the compiled forward
+        adds its wall time (compile and run together) to :attr:`compile_s`; if that compile fails, the loss
+        warns once, naming the cause, and runs eager from then on, and this call returns False with no
+        gradient written (the caller runs the step's loss again, eager, and its backward)."""
         first = self.compile_s is not None and not self._backward_timed
+        if not first:
+            loss.backward()
+            return True
         t0 = time.perf_counter()
-        loss.backward()
-        if first:
-            self.compile_s += time.perf_counter() - t0
-            self._backward_timed = True
+        try:
+            loss.backward()
+        except Exception as exc:  # noqa: BLE001 (any compile failure: the caller redoes the step eager)
+            self._fall_back(exc, part="its backward: ", stacklevel=4)  # the learner's caller
+            return False
+        self.compile_s += time.perf_counter() - t0
+        self._backward_timed = True
+        return True
 
     def __call__(self, model: torch.nn.Module, batch: TrainBatch, **kwargs: Any) -> Any:
         kwargs.pop("ssl_latent", None)  # encoded in the graph (module docstring)

@@ -213,6 +213,9 @@ class StepInProgress:
 
     out: Any  # the policy's loss output: loss (a scalar tensor with its graph), priorities [B], metrics
     t0: float  # perf_counter when the step started
+    # the loss's forward on the same batch again, as the learner now runs it (a compiled loss whose backward
+    # does not compile runs eager from then on, and its step again); None without a compiled loss
+    rerun_forward: Callable[[], Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -355,14 +358,20 @@ class Learner:
             batch = self.start_bootstrap(batch)
         else:
             batch = self.in_precision(resolve_bootstrap, batch, lc.bootstrap_piece_rows)
-        try:
+        train_iter = self.train_iter
+
+        def run_forward() -> Any:
             with intra_op_threads(self.forward_threads):
-                out = self.in_precision(self.loss_fn, self.model, batch, train_iter=self.train_iter, **kwargs)
+                return self.in_precision(self.loss_fn, self.model, batch, train_iter=train_iter, **kwargs)
+
+        try:
+            out = run_forward()
         finally:
             if pending is not None:
                 pending.cancel()  # a no-op after a loss that took them all
         self._check_finite(out)
-        return StepInProgress(out=out, t0=t0)
+        rerun = run_forward if self.compiled_loss is not None and self.compiled_loss.compiled else None
+        return StepInProgress(out=out, t0=t0, rerun_forward=rerun)
 
     def _check_finite(self, out: LossOutput) -> None:
         """Stop at the first step whose loss or priorities are not finite: its backward would write nan into
@@ -386,7 +395,7 @@ class Learner:
         with intra_op_threads(self.backward_threads):
             self.optimizer.zero_grad(set_to_none=True)
             if self.compiled_loss is not None:  # its first backward compiles the backward graph
-                self.compiled_loss.backward(self._scaler.scale(out.loss))
+                out = self._compiled_backward(step)
             else:
                 self._scaler.scale(out.loss).backward()
             self._scaler.unscale_(self.optimizer)
@@ -407,7 +416,20 @@ class Learner:
         compile_s = [c.compile_s for c in compiled if c is not None and c.compile_s is not None]
         if compile_s:
             metrics["train/compile_s"] = sum(compile_s)
-        return LearnOutput(priorities=out.priorities, metrics=metrics)
+        return LearnOutput(priorities=step.out.priorities, metrics=metrics)
+
+    def _compiled_backward(self, step: StepInProgress) -> Any:
+        """The compiled loss's backward of ``step``; where its backward graph does not compile (the compiled
+        loss warned and runs eager from now on), the step's forward again, eager, and its backward. Returns
+        the loss output whose gradients the parameters hold."""
+        assert self.compiled_loss is not None
+        if self.compiled_loss.backward(self._scaler.scale(step.out.loss)):
+            return step.out
+        assert step.rerun_forward is not None  # set while the loss compiled
+        out = step.rerun_forward()
+        self._check_finite(out)
+        self._scaler.scale(out.loss).backward()
+        return out
 
     def target_changed_at(self, train_iter: int) -> bool:
         """Whether the step that made ``train_iter`` updated the target network."""
