@@ -165,7 +165,9 @@ def run_cell(
             stop_reason = "stop_value"
         row = seed_row(seed, rep.evals, target, stop_reason)
         also_row = seed_row(seed, rep.also_evals, target, stop_reason)
+        ran = to_flat_dict(run_cfg)
         row["also_eval"] = {"settings": {k: str(v) for k, v in also.items()}, "stop_at_own": stop_at_own,
+                            "own_settings": {k: str(ran[k]) for k in also},  # the run's, as it had them
                             **{k: v for k, v in also_row.items() if k not in ("seed", "stop_reason")}}
     else:
         row = run_seed(seed, overrides, os.path.join(output_dir, "runs"), preset, reporter=EvalPrinter(label))
@@ -323,7 +325,10 @@ def markdown_table(summaries: list[dict]) -> str:
 
 def also_eval_table(rows: list[dict]) -> str:
     """Where cells were also evaluated under other settings: per preset, env steps to the target under the
-    run's own evaluation settings and under the other ones, on the same training runs ("" if none were)."""
+    run's own evaluation settings and under the other ones, on the same training runs ("" if none were).
+
+    The run's own settings are those its record stored; a record from before they were stored has them
+    rebuilt from the preset as it is now and the record's overrides (wrong where the preset changed since)."""
     rows = [r for r in rows if r.get("also_eval")]
     if not rows:
         return ""
@@ -338,8 +343,10 @@ def also_eval_table(rows: list[dict]) -> str:
         by_preset.setdefault(r["preset"], []).append(r)
     for preset, rs in by_preset.items():
         other = rs[0]["also_eval"]["settings"]
-        ran = to_flat_dict(make_config(preset, overrides=rs[0]["overrides"], check_env=False))
-        own = {k: ran[k] for k in other}  # the compared keys, as the run had them
+        own = rs[0]["also_eval"].get("own_settings")
+        if own is None:
+            ran = to_flat_dict(make_config(preset, overrides=rs[0]["overrides"], check_env=False))
+            own = {k: ran[k] for k in other}
         lines.append(f"| {preset} | {_label(own)} | {_steps_summary(rs)} | {_label(other)} | "
                      f"{_steps_summary([{**r, **r['also_eval']} for r in rs])} |")
     return "\n".join(lines) + "\n"

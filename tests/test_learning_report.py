@@ -125,6 +125,7 @@ def test_also_eval_compares_rules_on_the_same_training_run(report, tmp_path, cap
     assert [(c[0], c[2]) for c in both["curve"]] == [(c[0], c[2]) for c in alone["curve"]]
     also = both["also_eval"]
     assert also["settings"] == {"eval.unvisited_q": "parent"} and not also["solved"]
+    assert also["own_settings"] == {"eval.unvisited_q": "min"}
     assert [c[0] for c in also["curve"]] == [c[0] for c in both["curve"]]
     assert ("| cartpole_muzero | eval.unvisited_q=min | > 400 / > 400 (0/1) | eval.unvisited_q=parent | "
             "> 400 / > 400 (0/1) |") in capsys.readouterr().out
@@ -134,6 +135,20 @@ def test_also_eval_compares_rules_on_the_same_training_run(report, tmp_path, cap
     assert len(done["curve"]) == 1  # both reached at the first evaluation: the cell ended there
     with pytest.raises(SystemExit, match="--also-eval learn.lr"):
         report.main(["--output-dir", str(tmp_path / "x"), "--also-eval", "learn.lr=0.1"])
+
+
+def test_the_rule_table_names_the_rule_each_run_had(report):
+    """A run's own evaluation settings come from its record, not from the preset as it is when the table is
+    rebuilt (acrobot_muzero evaluates under parent now; these runs had min)."""
+    curve = [[1000, 1.0, -90.0]]
+    also = {"settings": {"eval.unvisited_q": "parent"}, "stop_at_own": True, "solved": True,
+            "env_steps_to_target": 1000, "curve": curve}
+    ran_min = {**_fake("acrobot_muzero", 0, "Acrobot-v1", (1000, 1.0), curve, target=-100.0),
+               "also_eval": {**also, "own_settings": {"eval.unvisited_q": "min"}}}
+    assert "| acrobot_muzero | eval.unvisited_q=min | 1,000 / 1,000 (1/1) | eval.unvisited_q=parent |" in (
+        report.also_eval_table([ran_min]))
+    older = {**ran_min, "also_eval": also}  # stored before records kept their own settings: the preset's
+    assert "| acrobot_muzero | eval.unvisited_q=parent | 1,000" in report.also_eval_table([older])
 
 
 @pytest.mark.parametrize("stop_at_own", [False, True])
