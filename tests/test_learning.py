@@ -53,7 +53,7 @@ GOALS = [
     # beyond CartPole
     *[("acrobot_muzero", s, 50_000, 2_400) for s in (0, 1, 2)],
     ("lunarlander_muzero", 0, 150_000, 4 * 3_600),
-    ("lunarlander_efficientzero", 0, 150_000, 1_800),  # seed 0: 61,584 env steps, 716 s beside two runs
+    ("lunarlander_efficientzero", 0, 150_000, 1_800),  # seed 0: 61,584 env steps, 633 s beside another run
     # CartPole with its velocities hidden: history carries them
     *[("cartpole_novel_muzero_rnn_full_obs", s, 50_000, 1_800) for s in (0, 1, 2)],
     *[("cartpole_novel_unizero", s, 50_000, 1_800) for s in (0, 1, 2)],
