@@ -111,9 +111,10 @@ def two_hot_cross_entropy(
 
     Shapes: logits [..., 2S+1], x [...] -> [...]. Equal to
     ``-(scalar_to_target(x) * log_softmax(logits)).sum(-1)`` (gradient included), but reads the two bins
-    of the log-softmax that carry weight instead of materialising the dense target: one log-softmax over all
-    leading dims (the learner calls it once for all unroll steps) and a gather per bin (one gather of both
-    bins stacked rounds the same and runs as fast eager, but compiles into a slower backward).
+    of the log-softmax that carry weight instead of materialising the dense target: one log-softmax and
+    one gather over all leading dims (the learner calls it once for all unroll steps). A gather per bin
+    rounds the same eager, but its compiled backward rounds differently under Inductor's C++ wrapper than
+    under its Python wrapper, which the one gather keeps bit for bit equal.
     """
     _check_support_size(support_size)
     s = support_size
@@ -123,9 +124,8 @@ def two_hot_cross_entropy(
     low_idx = (low + s).long()
     high_idx = (low_idx + 1).clamp(max=2 * s)  # at y == S the upper bin carries weight 0
     logp = log_softmax_last(logits)  # [..., 2S+1] (ops.py: the faster CPU layout for short supports)
-    low_logp = logp.gather(-1, low_idx.unsqueeze(-1)).squeeze(-1)  # [...]
-    high_logp = logp.gather(-1, high_idx.unsqueeze(-1)).squeeze(-1)  # [...]
-    return -((1.0 - upper_w) * low_logp + upper_w * high_logp)
+    picked = logp.gather(-1, torch.stack([low_idx, high_idx], dim=-1))  # [..., 2]
+    return -((1.0 - upper_w) * picked[..., 0] + upper_w * picked[..., 1])
 
 
 def logits_to_scalar(logits: Tensor, *, support_size: int, eps: float = DEFAULT_EPS) -> Tensor:
