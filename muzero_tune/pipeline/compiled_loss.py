@@ -155,7 +155,7 @@ class CompiledLoss(_CompiledOnce):
         try:
             loss.backward()
         except Exception as exc:  # noqa: BLE001 (any compile failure: the caller redoes the step eager)
-            self._fall_back(exc, part="its backward: ", stacklevel=4)  # the learner's caller
+            self._fall_back(exc, part="its backward: ", stacklevel=4)  # Learner.finish_step
             return False
         self.compile_s += time.perf_counter() - t0
         self._backward_timed = True
