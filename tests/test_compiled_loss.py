@@ -35,6 +35,16 @@ PARAM_ATOL = 1e-5
 PRIORITY_ATOL = 1e-4
 
 
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    """Each test compiles from a clean Dynamo state: the types share ``compute_loss``'s code object, and
+    past Dynamo's recompile limit for it a call would run eager without a word (Inductor's disk cache keeps
+    recompiles short)."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
 def _core(policy_type: str, compile_mode: str, **over) -> DriverCore:
     cfg = make_config(f"cartpole_{policy_type}", overrides={**TINY, "learn.compile": compile_mode, **over})
     core = DriverCore(cfg, MemoryReporter())

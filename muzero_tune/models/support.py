@@ -112,9 +112,7 @@ def two_hot_cross_entropy(
     Shapes: logits [..., 2S+1], x [...] -> [...]. Equal to
     ``-(scalar_to_target(x) * log_softmax(logits)).sum(-1)`` (gradient included), but reads the two bins
     of the log-softmax that carry weight instead of materialising the dense target: one log-softmax and
-    one gather over all leading dims (the learner calls it once for all unroll steps). A gather per bin
-    rounds the same eager, but its compiled backward rounds differently under Inductor's C++ wrapper than
-    under its Python wrapper, which the one gather keeps bit for bit equal.
+    one gather over all leading dims (the learner calls it once for all unroll steps).
     """
     _check_support_size(support_size)
     s = support_size
