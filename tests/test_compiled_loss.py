@@ -37,8 +37,7 @@ PRIORITY_ATOL = 1e-4
 
 @pytest.fixture(autouse=True)
 def fresh_dynamo():
-    """Each test compiles from a clean Dynamo state: the types share ``compute_loss``'s code object, and
-    past Dynamo's recompile limit for it a call would run eager without a word (Inductor's disk cache keeps
+    """Each test compiles from a clean Dynamo state and counts its own graphs (Inductor's disk cache keeps
     recompiles short)."""
     torch._dynamo.reset()
     yield
@@ -203,6 +202,90 @@ def test_a_compiled_optimizer_step_updates_as_the_eager_one_and_compiles_once_pe
             torch.testing.assert_close(b[name], a[name], atol=OPT_ATOL, rtol=0)
     # one graph per learning rate (and the first step's, which creates the state), not one per step
     assert counters["stats"]["unique_graphs"] <= len(MILESTONES) + 2
+
+
+def _net_and_grads(width: int) -> torch.nn.Module:
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(6, width), torch.nn.ReLU(), torch.nn.Linear(width, 3))
+    for p in net.parameters():
+        p.grad = torch.randn_like(p)
+    return net
+
+
+class _ScaledLoss:
+    """A loss method shared by every instance, as ``compute_loss`` is by the policy types; ``scale`` is a
+    Python float, which Dynamo specialises its graph on."""
+
+    def __init__(self, scale: float):
+        self.scale = scale
+
+    def compute_loss(self, model: torch.nn.Module, batch, train_iter: int = 0) -> torch.Tensor:
+        return (model(batch.obs.flatten(1)) * self.scale).pow(2).mean()
+
+
+def _toy_batch(rows: int = 4):
+    from muzero_tune.replay.targets import TrainBatch
+
+    zeros = lambda *shape: np.zeros(shape, np.float32)  # noqa: E731
+    return TrainBatch(
+        obs=np.random.default_rng(0).normal(size=(rows, 1, 6)).astype(np.float32),
+        actions=np.zeros((rows, 1), np.int64), target_value=zeros(rows, 2), target_reward=zeros(rows, 1),
+        target_policy=zeros(rows, 2, 2), value_mask=zeros(rows, 2), reward_mask=zeros(rows, 1),
+        policy_mask=zeros(rows, 2), obs_mask=zeros(rows, 2), weights=zeros(rows),
+        flat_index=np.arange(rows), make_time=0,
+    )  # fmt: skip
+
+
+@NEEDS_CXX
+def test_each_compiled_loss_has_its_own_recompile_budget():
+    """Losses that share their function (every type's is ``compute_loss`` or an override) each compile
+    their own graph: with Dynamo's recompile limit at 1, a process that compiles four runs' losses in turn,
+    each specialised differently, runs every one compiled and none falls back to eager."""
+    from torch._dynamo.utils import counters
+
+    from muzero_tune.pipeline.compiled_loss import CompiledLoss
+
+    model, batch = torch.nn.Linear(6, 3), _toy_batch()
+    counters.clear()
+    with torch._dynamo.config.patch(recompile_limit=1), warnings.catch_warnings():
+        warnings.simplefilter("error", ConfigWarning)  # a fallback's warning fails the test
+        losses, values = [], []
+        for scale in (1.0, 2.0, 3.0, 4.0):
+            losses.append(CompiledLoss(_ScaledLoss(scale).compute_loss, mode="default",
+                                       device=torch.device("cpu"), policy_name=f"x{scale:g}"))  # fmt: skip
+            values.append(losses[-1](model, batch).item())
+    assert all(loss.compiled for loss in losses), [loss.fallback_reason for loss in losses]
+    assert counters["stats"]["unique_graphs"] == 4  # one graph each, none run eager instead
+    eager = [
+        _ScaledLoss(s).compute_loss(model, tensor_batch(batch, torch.device("cpu"))).item()
+        for s in (1, 2, 3, 4)
+    ]
+    np.testing.assert_allclose(values, eager, rtol=1e-6)
+
+
+@NEEDS_CXX
+def test_a_part_that_recompiles_past_dynamos_limit_warns_once_and_runs_eager():
+    """A learning rate that changes every step recompiles the optimizer's step each time: past Dynamo's
+    recompile limit (here 2) the step warns once, naming the limit, and runs eager, updating as the eager
+    optimizer does (Dynamo alone would run it eager with a log line and ``compiled`` still True)."""
+    eager_net, compiled_net = _net_and_grads(16), _net_and_grads(16)
+    eager_opt, opt = (
+        torch.optim.SGD(n.parameters(), lr=0.1, foreach=True) for n in (eager_net, compiled_net)
+    )
+    step = CompiledOptimizerStep(opt, mode="default", policy_name="test")
+    with torch._dynamo.config.patch(recompile_limit=2), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i in range(5):
+            for o in (eager_opt, opt):
+                o.param_groups[0]["lr"] = 0.1 / (i + 1)
+            eager_opt.step()
+            step()
+    said = [str(w.message) for w in caught if issubclass(w.category, ConfigWarning)]
+    assert len(said) == 1 and "test's optimizer step does not compile" in said[0], said
+    assert "recompile_limit" in said[0] and not step.compiled
+    for (key, a), b in zip(eager_net.state_dict().items(), compiled_net.state_dict().values()):
+        torch.testing.assert_close(b, a, atol=OPT_ATOL, rtol=0, msg=lambda m, k=key: f"{k}: {m}")
+    assert torch._dynamo.config.fail_on_recompile_limit_hit is False  # restored after each call
 
 
 def test_a_learning_rate_that_changes_every_step_keeps_the_eager_optimizer_step():

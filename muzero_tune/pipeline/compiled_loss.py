@@ -6,7 +6,14 @@ resolved (:func:`tensor_batch`), so the path from the observations through the u
 priorities traces as one graph, whose backward AOTAutograd compiles with it; what follows the graph (the
 priorities to numpy, the metrics to floats) runs eager after it. A run's batch shape is fixed, so one graph
 serves every step; with torch's automatic dynamic shapes a size or int argument that changes (a loss that
-reports ``train_iter``) compiles once more, as a symbol (up to Dynamo's recompile limit, then eager).
+reports ``train_iter``) compiles once more, as a symbol. Dynamo keeps its compiled graphs, and counts
+recompiles, per code object, and every type's loss is ``compute_loss`` or an override of it: so the loss is
+called through a code object of its own (:func:`own_code`), and a process that compiles many runs' losses in
+turn compiles each one (through the shared code they would pass Dynamo's recompile limit after a few types,
+and Dynamo would run the rest eager with only a log line). The optimizer's step gets no count of its own that
+way: torch breaks its graph inside ``step``, whose code every optimizer of its class shares. A part that would
+recompile past the limit (a learning rate changed at more milestones than it allows, or the optimizers of
+more differently shaped runs in one process) warns once, naming the limit, and runs eager from then on.
 The first call's wall time, compile and step together, and the first backward's (AOTAutograd compiles the
 backward graph then) are kept as :attr:`CompiledLoss.compile_s`.
 
@@ -37,6 +44,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch._dynamo.exc import FailOnRecompileLimitHit
 
 from muzero_tune.config import ConfigWarning
 from muzero_tune.replay.targets import TrainBatch
@@ -73,10 +81,24 @@ def inductor_options(mode: str, *, cpp_wrapper: bool) -> dict[str, Any]:
     return options
 
 
+def own_code(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """A function that calls ``fn``, with a code object made for it alone, named ``name``: Dynamo keys its
+    cache of compiled graphs, and its recompile count, on the code object of the function it compiles, which
+    ``fn`` shares with every other instance of its class (Dynamo inlines ``fn`` into the caller's graph)."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    call.__code__ = call.__code__.replace(co_name=name, co_qualname=name)
+    call.__name__ = call.__qualname__ = name
+    return call
+
+
 class _CompiledOnce:
-    """``fn`` compiled with ``torch.compile(mode=mode)``; eager from the first call that fails to compile,
-    after one warning naming ``what`` and the cause. The first compiled call's wall time, compile and run
-    together, is kept as :attr:`compile_s`."""
+    """``fn`` compiled with ``torch.compile(mode=mode)``, through a code object of its own (:func:`own_code`);
+    eager from the first call that fails to compile or would recompile past Dynamo's recompile limit, after
+    one warning naming ``what`` and the cause. The first compiled call's wall time, compile and run together,
+    is kept as :attr:`compile_s`."""
 
     def __init__(
         self, fn: Callable[..., Any], *, what: str, mode: str, policy_name: str, cpp_wrapper: bool = False
@@ -85,7 +107,9 @@ class _CompiledOnce:
         self.what = what
         self.mode = mode
         self.policy_name = policy_name
-        self.compiled_fn = torch.compile(fn, options=inductor_options(mode, cpp_wrapper=cpp_wrapper))
+        name = f"{policy_name}_{what}".replace(" ", "_").replace("'", "")
+        options = inductor_options(mode, cpp_wrapper=cpp_wrapper)
+        self.compiled_fn = torch.compile(own_code(fn, name), options=options)
         self.compile_s: float | None = None  # wall seconds of the first compiled call (its run included)
         self.fallback_reason: str | None = None  # why it runs eager, once it does
 
@@ -98,22 +122,33 @@ class _CompiledOnce:
         if not self.compiled:
             return run_eager()
         t0 = time.perf_counter()
+        dynamo = torch._dynamo.config
+        # a call past the recompile limit raises before running anything (else Dynamo would run it eager)
+        fail_on_limit, dynamo.fail_on_recompile_limit_hit = dynamo.fail_on_recompile_limit_hit, True
         try:
             out = run_compiled()
+        except FailOnRecompileLimitHit:
+            why = f"past Dynamo's recompile_limit, {dynamo.recompile_limit}; TORCH_LOGS=recompiles says why"
+            self._fall_back(why, stacklevel=4)  # the caller of __call__
+            return run_eager()
         except Exception as exc:  # noqa: BLE001 (any compile failure: the eager call runs next)
             if self.compile_s is not None:
                 raise  # compiled before: an error of the call, not of compiling
             self._fall_back(exc, stacklevel=4)  # the caller of __call__
             return run_eager()
+        finally:
+            dynamo.fail_on_recompile_limit_hit = fail_on_limit
         if self.compile_s is None:
             self.compile_s = time.perf_counter() - t0
         return out
 
-    def _fall_back(self, exc: Exception, *, part: str = "", stacklevel: int) -> None:
+    def _fall_back(self, exc: Exception | str, *, part: str = "", stacklevel: int) -> None:
         """Run eager from now on, after one warning naming ``exc`` (and the ``part`` that did not compile)."""
-        # the first two lines: Inductor says "backend raised:" first and the cause next
-        said = [line.strip() for line in str(exc).splitlines() if line.strip()][:2]
-        self.fallback_reason = f"{part}{type(exc).__name__}: {' '.join(said)[:300]}"
+        if isinstance(exc, str):
+            self.fallback_reason = f"{part}{exc}"
+        else:  # the first two lines: Inductor says "backend raised:" first and the cause next
+            said = [line.strip() for line in str(exc).splitlines() if line.strip()][:2]
+            self.fallback_reason = f"{part}{type(exc).__name__}: {' '.join(said)[:300]}"
         warnings.warn(
             f"learn.compile={self.mode}: {self.policy_name}'s {self.what} does not compile "
             f"({self.fallback_reason}); it runs eager",
