@@ -44,9 +44,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch._dynamo.exc import FailOnRecompileLimitHit
 
 from muzero_tune.config import ConfigWarning
+from muzero_tune.policies.base import loss_output
 from muzero_tune.replay.targets import TrainBatch
 
 # batch fields that stay host values: bookkeeping the loss never reads
@@ -127,7 +127,7 @@ class _CompiledOnce:
         fail_on_limit, dynamo.fail_on_recompile_limit_hit = dynamo.fail_on_recompile_limit_hit, True
         try:
             out = run_compiled()
-        except FailOnRecompileLimitHit:
+        except torch._dynamo.exc.FailOnRecompileLimitHit:
             why = f"past Dynamo's recompile_limit, {dynamo.recompile_limit}; TORCH_LOGS=recompiles says why"
             self._fall_back(why, stacklevel=4)  # the caller of __call__
             return run_eager()
@@ -172,6 +172,9 @@ class CompiledLoss(_CompiledOnce):
         eager_inputs: Callable[[torch.nn.Module, TrainBatch], dict[str, Any]] | None = None,
     ):
         super().__init__(loss_fn, what="loss", mode=mode, policy_name=policy_name, cpp_wrapper=cpp_wrapper)
+        # the graph ends at the loss's host side: Dynamo breaks it there and calls that eager (in place on the
+        # function every loss calls; see loss_output)
+        torch._dynamo.decorators.skip(loss_output)
         self.device = device
         self.eager_inputs = eager_inputs  # the policy's eager_loss_inputs: computed before the graph
         self._backward_timed = False

@@ -100,7 +100,6 @@ class LossOutput:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-@torch.compiler.disable
 def loss_output(
     loss: torch.Tensor,
     per_sample: torch.Tensor,
@@ -108,9 +107,11 @@ def loss_output(
     means: torch.Tensor,
     names: tuple[str, ...],
 ) -> LossOutput:
-    """A loss's host side, always eager (a compiled loss's graph ends at it): ``priorities`` [B] to a
-    float32 array, the metric means ``means`` [M] (named ``names``) and ``loss`` to floats in one
-    tensor-to-list (``train/loss_total`` is the loss), ``loss`` [] and ``per_sample`` [B] kept as tensors."""
+    """A loss's host side, always eager: a compiled loss's graph ends at it (``learn.compile`` marks it so,
+    :mod:`~muzero_tune.pipeline.compiled_loss`; ``torch.compiler.disable`` here would import ``torch._dynamo``
+    into every acting process, about a second of its start). ``priorities`` [B] to a float32 array, the
+    metric means ``means`` [M] (named ``names``) and ``loss`` to floats in one tensor-to-list
+    (``train/loss_total`` is the loss), ``loss`` [] and ``per_sample`` [B] kept as tensors."""
     values = torch.cat([loss.detach().reshape(1).float(), means.float()]).tolist()
     metrics = {"train/loss_total": values[0], **dict(zip(names, values[1:], strict=True))}
     return LossOutput(
