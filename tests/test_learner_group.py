@@ -193,7 +193,7 @@ def test_a_tune_trial_reserves_and_uses_the_learner_bundles(ray_cluster, tmp_pat
     from muzero_tune.tune.resources import placement_group_factory
     from muzero_tune.tune.sweep import run_sweep
 
-    over = {**TINY, "tune.storage_path": str(tmp_path), "max_envstep": 200}
+    over = {**TINY, "tune.storage_path": str(tmp_path), "tune.mlflow": False, "max_envstep": 200}
     cfg = make_config("cartpole_muzero", overrides={**over, "policy.async_pipeline.enabled": True})
     assert placement_group_factory(cfg).bundles == [{"CPU": 1.0}] * 5
     res = run_sweep("quickstart", name="learners", overrides=over,

@@ -123,7 +123,8 @@ def test_a_users_module_env_in_a_tune_trial(ray_cluster, tmp_path):
     from muzero_tune.tune.sweep import run_sweep
 
     res = run_sweep("quickstart", name="user_env", overrides={
-        **USER_RUN, "tune.storage_path": str(tmp_path), "stop_value": None, "max_envstep": 400,
+        **USER_RUN, "tune.storage_path": str(tmp_path), "tune.mlflow": False, "stop_value": None,
+        "max_envstep": 400,
     }, param_space_extra={"policy.async_pipeline.enabled": True, "seed": 0})  # fmt: skip
     (trial,) = list(res.results)
     assert trial.error is None and trial.config["policy.async_pipeline.enabled"] is True
@@ -191,7 +192,8 @@ def test_an_env_creator_registered_from_python_reaches_actors_and_trials(ray_clu
         assert train(cfg, reporter=rep).stop_reason == "stop_value", pipeline
         assert env_spec("ClosureCorridor-v0", kwargs={"length": 3}).frame_shape == (4,)  # 3 cells, steps
     res = run_sweep("quickstart", name="closure_env", overrides={
-        **run, "tune.storage_path": str(tmp_path), "stop_value": None, "max_envstep": 300,
+        **run, "tune.storage_path": str(tmp_path), "tune.mlflow": False, "stop_value": None,
+        "max_envstep": 300,
     }, param_space_extra={"policy.async_pipeline.enabled": True, "seed": 0})  # fmt: skip
     (trial,) = list(res.results)
     assert trial.error is None and trial.metrics["eval_index"] >= 1
@@ -311,7 +313,7 @@ def test_a_grid_env_in_a_tune_trial(ray_cluster, tmp_path):
         pytest.skip("needs the minatar extra")
     res = run_sweep("quickstart", name="minatar", overrides={
         **SMOKE, "env.env_id": "MinAtar/Breakout-v1", "model.kind": "auto", "model.downsample": None,
-        "tune.storage_path": str(tmp_path),
+        "tune.storage_path": str(tmp_path), "tune.mlflow": False,
     }, param_space_extra={"policy.async_pipeline.enabled": True, "seed": 0})  # fmt: skip
     (trial,) = list(res.results)
     assert trial.error is None and trial.metrics["eval_index"] >= 1 and trial.metrics["train_iter"] > 0
