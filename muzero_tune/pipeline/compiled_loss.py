@@ -110,6 +110,8 @@ class _CompiledOnce:
         name = f"{policy_name}_{what}".replace(" ", "_").replace("'", "")
         options = inductor_options(mode, cpp_wrapper=cpp_wrapper)
         self.compiled_fn = torch.compile(own_code(fn, name), options=options)
+        # torch >= 2.6 can raise at the recompile limit instead of running the frame eager without a word
+        self._limit_hit_error = getattr(torch._dynamo.exc, "FailOnRecompileLimitHit", ())
         self.compile_s: float | None = None  # wall seconds of the first compiled call (its run included)
         self.fallback_reason: str | None = None  # why it runs eager, once it does
 
@@ -123,12 +125,13 @@ class _CompiledOnce:
             return run_eager()
         t0 = time.perf_counter()
         dynamo = torch._dynamo.config
-        # a call past the recompile limit raises before running anything (else Dynamo would run it eager)
-        fail_on_limit, dynamo.fail_on_recompile_limit_hit = dynamo.fail_on_recompile_limit_hit, True
+        if self._limit_hit_error:  # a call past the recompile limit raises before running anything
+            fail_on_limit, dynamo.fail_on_recompile_limit_hit = dynamo.fail_on_recompile_limit_hit, True
         try:
             out = run_compiled()
-        except torch._dynamo.exc.FailOnRecompileLimitHit:
-            why = f"past Dynamo's recompile_limit, {dynamo.recompile_limit}; TORCH_LOGS=recompiles says why"
+        except self._limit_hit_error:
+            limit = getattr(dynamo, "recompile_limit", None) or dynamo.cache_size_limit  # the older name
+            why = f"past Dynamo's recompile_limit, {limit}; TORCH_LOGS=recompiles says why"
             self._fall_back(why, stacklevel=4)  # the caller of __call__
             return run_eager()
         except Exception as exc:  # noqa: BLE001 (any compile failure: the eager call runs next)
@@ -137,7 +140,8 @@ class _CompiledOnce:
             self._fall_back(exc, stacklevel=4)  # the caller of __call__
             return run_eager()
         finally:
-            dynamo.fail_on_recompile_limit_hit = fail_on_limit
+            if self._limit_hit_error:
+                dynamo.fail_on_recompile_limit_hit = fail_on_limit
         if self.compile_s is None:
             self.compile_s = time.perf_counter() - t0
         return out
