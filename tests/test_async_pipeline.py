@@ -381,3 +381,36 @@ def test_zero_step_budgets_train_nothing_and_still_reanalyze(run_async, tmp_path
     assert 0 < run.summary.train_iter <= int(0.01 * st.result_transitions)
     assert core.counters.train_epoch >= 3
     assert core.counters.reanalyze_calls == 2 * core.counters.train_epoch
+
+
+ACTING = """
+import json, sys
+import numba.typed.typedlist as typedlist
+from numba.core.dispatcher import Dispatcher
+from muzero_tune.config import make_config, to_flat_dict
+from muzero_tune.distributed.actors import CollectorWorker, EvaluatorWorker
+from muzero_tune.policies.registry import POLICY_CLASSES
+small = {"logging.quiet": True, "mcts.num_simulations": 2, "env.collector_env_num": 1,
+         "env.evaluator_env_num": 1, "eval.n_episodes": 1, "env.max_episode_steps": 8, "model.hidden_dim": 16,
+         "model.latent_dim": 8, "replay.game_segment_length": 8}
+for ptype in POLICY_CLASSES:
+    preset = "pendulum_sampled_unizero" if ptype == "sampled_unizero" else f"cartpole_{ptype}"
+    flat = to_flat_dict(make_config(preset, overrides=small))
+    collector, evaluator = CollectorWorker(flat, 0), EvaluatorWorker(flat, 0)
+    assert collector.worker.collect(collector.model, temperature=1.0, policy_version=0).segments, ptype
+    evaluator.worker.evaluate(evaluator.model, policy_version=0)
+methods = {n: getattr(typedlist, n) for n in dir(typedlist)}
+compiled = [n for n, f in methods.items() if isinstance(f, Dispatcher) and f.signatures]
+print(json.dumps({"dynamo": "torch._dynamo" in sys.modules, "typed_list_methods_compiled": compiled}))
+"""
+
+
+def test_acting_processes_start_without_compiling():
+    """A collector's and an evaluator's process (every type's, built and acting as its Ray actor does) never
+    import ``torch._dynamo`` (about a second of a start, which only a compiled learner needs) and compile no
+    method of numba's typed list (the host kernel's layer lists come from numba's disk cache; compiled from
+    Python they cost about 0.3 s of each actor's first search)."""
+    done = subprocess.run([sys.executable, "-c", ACTING], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out == {"dynamo": False, "typed_list_methods_compiled": []}, out

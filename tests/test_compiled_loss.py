@@ -102,35 +102,6 @@ def test_a_compiled_loss_trains_as_the_eager_one():
     assert any("loss_output" in reason for reason in counters["graph_break"]), list(counters["graph_break"])
 
 
-ACTING = """
-import sys
-from muzero_tune.config import make_config, to_flat_dict
-from muzero_tune.distributed.actors import CollectorWorker, EvaluatorWorker
-from muzero_tune.policies.registry import POLICY_CLASSES
-small = {"logging.quiet": True, "mcts.num_simulations": 2, "env.collector_env_num": 1,
-         "env.evaluator_env_num": 1, "eval.n_episodes": 1, "env.max_episode_steps": 8, "model.hidden_dim": 16,
-         "model.latent_dim": 8, "replay.game_segment_length": 8}
-for ptype in POLICY_CLASSES:
-    preset = "pendulum_sampled_unizero" if ptype == "sampled_unizero" else f"cartpole_{ptype}"
-    flat = to_flat_dict(make_config(preset, overrides=small))
-    collector, evaluator = CollectorWorker(flat, 0), EvaluatorWorker(flat, 0)
-    assert collector.worker.collect(collector.model, temperature=1.0, policy_version=0).segments, ptype
-    evaluator.worker.evaluate(evaluator.model, policy_version=0)
-print("torch._dynamo" in sys.modules)
-"""
-
-
-def test_acting_processes_never_import_the_compiler():
-    """A collector's and an evaluator's process (every type's, built and acting as its Ray actor does) never
-    import ``torch._dynamo``: about a second of every actor's start, which only a compiled learner needs."""
-    import subprocess
-    import sys
-
-    done = subprocess.run([sys.executable, "-c", ACTING], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split()[-1] == "False", "an acting process imported torch._dynamo"
-
-
 def test_a_loss_that_cannot_compile_warns_once_and_runs_eager():
     """No C++ compiler for Inductor's CPU kernels: one warning naming the error, then the eager loss, whose
     results are the eager learner's bit for bit."""

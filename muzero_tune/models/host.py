@@ -53,6 +53,23 @@ _FAST = {"reassoc", "contract"}
 _LAYER = types.Tuple((types.float32[:, ::1], types.float32[::1], types.float32[::1], types.float32[::1]))
 
 
+# A trunk's typed list of layers is built by these cached functions: a list built from Python compiles the
+# list's methods in every process (about 0.4 s of each actor's first search), these load from numba's cache.
+@numba.njit(cache=True)
+def _layer_list(layers):
+    """A typed list of ``layers`` (a tuple of :data:`_LAYER` tuples, at least one)."""
+    out = List.empty_list(_LAYER)
+    for layer in layers:
+        out.append(layer)
+    return out
+
+
+@numba.njit(cache=True)
+def _no_layers():
+    """An empty typed list of :data:`_LAYER` (a trunk without layers)."""
+    return List.empty_list(_LAYER)
+
+
 @numba.njit(cache=True, nogil=True, fastmath=_FAST)
 def _linear(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
     """x [N, I] @ w.T [I, O] + b [O] -> [N, O] float32."""
@@ -246,11 +263,11 @@ def _plan_args(model: nn.Module, kind: str, eps: float) -> tuple:
         return p.detach().numpy()
 
     def layers(trunk: nn.Sequential):
-        out = List.empty_list(_LAYER)
-        for i in range(0, len(trunk), 3):
-            lin, norm = trunk[i], trunk[i + 1]
-            out.append((view(lin.weight), view(lin.bias), view(norm.weight), view(norm.bias)))
-        return out
+        per_layer = tuple(
+            (view(lin.weight), view(lin.bias), view(norm.weight), view(norm.bias))
+            for lin, norm in zip(trunk[0::3], trunk[1::3], strict=True)
+        )
+        return _layer_list(per_layer) if per_layer else _no_layers()
 
     if kind == "chance":  # (afterstate step's arguments, chance step's arguments)
         return (
