@@ -85,3 +85,12 @@ def test_every_setting_has_a_row_in_the_configuration_table():
     with open(os.path.join(ROOT, "docs", "configuration.md")) as f:
         table = f.read()
     assert [key for key in leaf_keys() if f"| `{key}` |" not in table] == []
+
+
+def test_the_files_the_suite_starts_first_exist():
+    """conftest's longest-first list names test files that exist (a renamed file would silently lose its
+    place at the front)."""
+    from tests.conftest import LONGEST_FILES_FIRST
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    assert [f for f in LONGEST_FILES_FIRST if not os.path.isfile(os.path.join(here, f))] == []
