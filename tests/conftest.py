@@ -46,15 +46,18 @@ def pytest_cmdline_main(config):
     """``-n N`` (pytest-xdist) without ``--dist``: each test file whole on one worker (``loadfile``), so a
     module's and the session's fixtures (one Ray cluster per worker, the Tune sweeps a file's tests share) are
     built once per worker, not once per test that lands there. Runs before xdist's own hook, which would pick
-    ``load``; ``pytest`` without xdist installed, or without ``-n``, is untouched."""
+    ``load``; ``pytest`` without xdist installed, or without ``-n``, is untouched. The files are handed out
+    in collection order (:data:`LONGEST_FILES_FIRST` first), not xdist's default of the most tests first."""
     if getattr(config.option, "numprocesses", None) and getattr(config.option, "dist", None) == "no":
         config.option.dist = "loadfile"
+        config.option.loadscopereorder = False
 
 
 # The files that take longest under `-n 2` (over 50 s each, most of it Ray actors and Tune trials), longest
 # first. Under xdist they are handed out before the rest, so the two workers finish together (the longest
-# first is the usual greedy schedule); in file-name order one worker ended about 50 s after the other. A file
-# missing here only runs in name order after these; the order changes no test's outcome.
+# first is the usual greedy schedule); handed out by their number of tests (xdist's default), the long files
+# with few tests came last and one worker ended well after the other. A file missing here runs after these,
+# in collection order; the order changes no test's outcome.
 LONGEST_FILES_FIRST = (
     "test_every_policy_type.py", "test_user_envs.py", "test_async_pipeline.py", "test_async_faults.py",
     "test_tune.py", "test_learner_group.py", "test_tune_restore.py", "test_run_folders.py",
