@@ -16,6 +16,7 @@ from muzero_tune.config import ConfigWarning, make_config
 from muzero_tune.pipeline.collector import fill_replay
 from muzero_tune.pipeline.compiled_loss import CompiledOptimizerStep, tensor_batch
 from muzero_tune.pipeline.core import DriverCore
+from muzero_tune.policies.base import loss_output
 from muzero_tune.policies.registry import POLICY_CLASSES
 from muzero_tune.replay.targets import resolve_bootstrap
 from muzero_tune.runs.reporter import MemoryReporter
@@ -265,6 +266,44 @@ def test_each_compiled_loss_has_its_own_recompile_budget():
         for s in (1, 2, 3, 4)
     ]
     np.testing.assert_allclose(values, eager, rtol=1e-6)
+
+
+class _StepCountedLoss:
+    """A loss that reads its step count in the graph and reports it as a host metric, as a schedule would."""
+
+    def compute_loss(self, model: torch.nn.Module, batch, train_iter: int = 0):
+        per_sample = (model(batch.obs.flatten(1)) * (1 + train_iter)).pow(2).mean(1)  # [B]
+        loss = per_sample.mean()
+        host = {"train/train_iter": float(train_iter)}
+        return loss_output(loss, per_sample, per_sample.detach(), loss.detach().reshape(1), ("m",), host)
+
+
+@NEEDS_CXX
+def test_a_compiled_loss_compiles_once_while_its_step_count_changes():
+    """``train_iter`` is a new int every step: the loss compiles it as a symbol from its first call, so with
+    Dynamo's recompile limit at 1 the later steps run the same graph (an int specialised on its first value
+    would compile again at the second step, here past the limit), with the eager loss's values and the step
+    count reported; the user's own ``dynamic_sources`` entry is kept around the calls."""
+    from torch._dynamo.utils import counters
+
+    from muzero_tune.pipeline.compiled_loss import CompiledLoss
+
+    model, batch, eager = torch.nn.Linear(6, 3), _toy_batch(), _StepCountedLoss()
+    loss = CompiledLoss(eager.compute_loss, mode="default", device=torch.device("cpu"), policy_name="counted")
+    counters.clear()
+    with (
+        torch._dynamo.config.patch(recompile_limit=1),
+        torch.compiler.config.patch(dynamic_sources="L['user_entry']"),
+        warnings.catch_warnings(),
+    ):
+        warnings.simplefilter("error", ConfigWarning)  # a fallback's warning fails the test
+        outs = [loss(model, batch, train_iter=i) for i in range(4)]
+        assert torch.compiler.config.dynamic_sources == "L['user_entry']"
+    assert loss.compiled and counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    for i, out in enumerate(outs):
+        ref = eager.compute_loss(model, tensor_batch(batch, torch.device("cpu")), train_iter=i)
+        assert out.metrics["train/train_iter"] == i
+        assert out.loss.item() == pytest.approx(ref.loss.item(), rel=1e-6)
 
 
 @NEEDS_CXX

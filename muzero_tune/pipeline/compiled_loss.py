@@ -5,17 +5,18 @@ The compiled loss takes a batch whose arrays are torch tensors on the learner's 
 resolved (:func:`tensor_batch`), so the path from the observations through the unroll to the loss and the
 priorities traces as one graph, whose backward AOTAutograd compiles with it; what follows the graph (the
 priorities to numpy, the metrics to floats) runs eager after it. A run's batch shape is fixed, so one graph
-serves every step; with torch's automatic dynamic shapes a size or int argument that changes (a loss that
-reports ``train_iter``) compiles once more, as a symbol. Dynamo keeps its compiled graphs, and counts
-recompiles, per code object, and every type's loss is ``compute_loss`` or an override of it: so the loss is
-called through a code object of its own (:func:`own_code`), and a process that compiles many runs' losses in
-turn compiles each one (through the shared code they would pass Dynamo's recompile limit after a few types,
-and Dynamo would run the rest eager with only a log line). The optimizer's step gets no count of its own that
-way: torch breaks its graph inside ``step``, whose code every optimizer of its class shares. A part that would
-recompile past the limit (a learning rate changed at more milestones than it allows, or the optimizers of
-more differently shaped runs in one process) warns once, naming the limit, and runs eager from then on.
-The first call's wall time, compile and step together, and the first backward's (AOTAutograd compiles the
-backward graph then) are kept as :attr:`CompiledLoss.compile_s`.
+serves every step: the step count ``train_iter``, which changes every call, enters it as a symbol from the
+first compile (Dynamo would specialise it on its first value and compile again at the second step, about 0.7 s
+of a CartPole run), and any other size or int argument that changes compiles once more, as a symbol. Dynamo
+keeps its compiled graphs, and counts recompiles, per code object, and every type's loss is ``compute_loss``
+or an override of it: so the loss is called through a code object of its own (:func:`own_code`), and a process
+that compiles many runs' losses in turn compiles each one (through the shared code they would pass Dynamo's
+recompile limit after a few types, and Dynamo would run the rest eager with only a log line). The optimizer's
+step gets no count of its own that way: torch breaks its graph inside ``step``, whose code every optimizer of
+its class shares. A part that would recompile past the limit (a learning rate changed at more milestones than
+it allows, or the optimizers of more differently shaped runs in one process) warns once, naming the limit, and
+runs eager from then on. The first call's wall time, compile and step together, and the first backward's
+(AOTAutograd compiles the backward graph then) are kept as :attr:`CompiledLoss.compile_s`.
 
 A loss that cannot compile (an op Dynamo cannot trace, no C++ compiler for Inductor's CPU kernels) warns
 once, naming the error, and runs eager from then on: the run goes on with the same results, only slower. So
@@ -51,6 +52,9 @@ from muzero_tune.replay.targets import TrainBatch
 
 # batch fields that stay host values: bookkeeping the loss never reads
 _HOST_FIELDS = ("flat_index", "make_time", "bootstrap")
+# the loss's ``train_iter`` argument, a new value every step: a symbol in the graph from the first compile
+# (Dynamo otherwise specialises an int argument on its first value and compiles again at the second step)
+STEP_COUNT_SOURCE = r".*\['train_iter'\]$"
 
 
 def tensor_batch(batch: TrainBatch, device: torch.device) -> TrainBatch:
@@ -101,7 +105,14 @@ class _CompiledOnce:
     is kept as :attr:`compile_s`."""
 
     def __init__(
-        self, fn: Callable[..., Any], *, what: str, mode: str, policy_name: str, cpp_wrapper: bool = False
+        self,
+        fn: Callable[..., Any],
+        *,
+        what: str,
+        mode: str,
+        policy_name: str,
+        cpp_wrapper: bool = False,
+        dynamic_sources: str = "",
     ):
         self.eager_fn = fn
         self.what = what
@@ -112,6 +123,11 @@ class _CompiledOnce:
         self.compiled_fn = torch.compile(own_code(fn, name), options=options)
         # torch >= 2.6 can raise at the recompile limit instead of running the frame eager without a word
         self._limit_hit_error = getattr(torch._dynamo.exc, "FailOnRecompileLimitHit", ())
+        # Dynamo's sources compiled as symbols from the first call on (where torch has
+        # ``torch.compiler.config.dynamic_sources``; without it, the first call that changes one recompiles)
+        compiler_config = getattr(torch.compiler, "config", None)
+        has_sources = dynamic_sources and hasattr(compiler_config, "dynamic_sources")
+        self._dynamic_sources = dynamic_sources if has_sources else ""
         self.compile_s: float | None = None  # wall seconds of the first compiled call (its run included)
         self.fallback_reason: str | None = None  # why it runs eager, once it does
 
@@ -127,6 +143,10 @@ class _CompiledOnce:
         dynamo = torch._dynamo.config
         if self._limit_hit_error:  # a call past the recompile limit raises before running anything
             fail_on_limit, dynamo.fail_on_recompile_limit_hit = dynamo.fail_on_recompile_limit_hit, True
+        if self._dynamic_sources:  # read where Dynamo compiles: the user's own entries kept
+            user_sources = torch.compiler.config.dynamic_sources
+            ours = (user_sources, self._dynamic_sources)
+            torch.compiler.config.dynamic_sources = ",".join(filter(None, ours))
         try:
             out = run_compiled()
         except self._limit_hit_error:
@@ -142,6 +162,8 @@ class _CompiledOnce:
         finally:
             if self._limit_hit_error:
                 dynamo.fail_on_recompile_limit_hit = fail_on_limit
+            if self._dynamic_sources:
+                torch.compiler.config.dynamic_sources = user_sources
         if self.compile_s is None:
             self.compile_s = time.perf_counter() - t0
         return out
@@ -175,7 +197,14 @@ class CompiledLoss(_CompiledOnce):
         cpp_wrapper: bool = False,
         eager_inputs: Callable[[torch.nn.Module, TrainBatch], dict[str, Any]] | None = None,
     ):
-        super().__init__(loss_fn, what="loss", mode=mode, policy_name=policy_name, cpp_wrapper=cpp_wrapper)
+        super().__init__(
+            loss_fn,
+            what="loss",
+            mode=mode,
+            policy_name=policy_name,
+            cpp_wrapper=cpp_wrapper,
+            dynamic_sources=STEP_COUNT_SOURCE,
+        )
         # the graph ends at the loss's host side: Dynamo breaks it there and calls that eager (in place on the
         # function every loss calls; see loss_output)
         torch._dynamo.decorators.skip(loss_output)

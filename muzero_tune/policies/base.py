@@ -106,14 +106,17 @@ def loss_output(
     priorities: torch.Tensor,
     means: torch.Tensor,
     names: tuple[str, ...],
+    host_metrics: dict[str, float] | None = None,
 ) -> LossOutput:
     """A loss's host side, always eager: a compiled loss's graph ends at it (``learn.compile`` marks it so,
     :mod:`~muzero_tune.pipeline.compiled_loss`; ``torch.compiler.disable`` here would import ``torch._dynamo``
     into every acting process, about a second of its start). ``priorities`` [B] to a float32 array, the
     metric means ``means`` [M] (named ``names``) and ``loss`` to floats in one tensor-to-list
-    (``train/loss_total`` is the loss), ``loss`` [] and ``per_sample`` [B] kept as tensors."""
+    (``train/loss_total`` is the loss), ``loss`` [] and ``per_sample`` [B] kept as tensors; ``host_metrics``:
+    metrics the loss has as Python numbers, added as they are (here, so a compiled loss ends at this call)."""
     values = torch.cat([loss.detach().reshape(1).float(), means.float()]).tolist()
     metrics = {"train/loss_total": values[0], **dict(zip(names, values[1:], strict=True))}
+    metrics.update(host_metrics or {})
     return LossOutput(
         loss=loss, per_sample_loss=per_sample, priorities=priorities.cpu().numpy(), metrics=metrics
     )

@@ -522,6 +522,5 @@ class UniZeroPolicy(MuZeroPolicy):
             priorities = (pred_v0 - tv[:, 0]).abs() + 1e-6  # [B] float32
             terms = [latent_loss, value_loss, reward_loss, policy_loss, entropy, pred_v0, tv[:, 0]]  # 7, [B]
             means = torch.stack([x.float() for x in terms]).mean(1)
-        out = loss_output(loss, per_sample, priorities, means, LOSS_METRICS)
-        out.metrics["train/train_iter"] = float(train_iter)
-        return out
+        host = {"train/train_iter": float(train_iter)}
+        return loss_output(loss, per_sample, priorities, means, LOSS_METRICS, host_metrics=host)
