@@ -47,7 +47,7 @@ import numpy as np
 import torch
 
 from muzero_tune.config import ConfigWarning
-from muzero_tune.policies.base import loss_output
+from muzero_tune.policies.base import LossTensors
 from muzero_tune.replay.targets import TrainBatch
 
 # batch fields that stay host values: bookkeeping the loss never reads
@@ -205,9 +205,6 @@ class CompiledLoss(_CompiledOnce):
             cpp_wrapper=cpp_wrapper,
             dynamic_sources=STEP_COUNT_SOURCE,
         )
-        # the graph ends at the loss's host side: Dynamo breaks it there and calls that eager (in place on the
-        # function every loss calls; see loss_output)
-        torch._dynamo.decorators.skip(loss_output)
         self.device = device
         self.eager_inputs = eager_inputs  # the policy's eager_loss_inputs: computed before the graph
         self._backward_timed = False
@@ -236,10 +233,11 @@ class CompiledLoss(_CompiledOnce):
         kwargs.pop("ssl_latent", None)  # encoded in the graph (module docstring)
         if self.compiled and self.eager_inputs is not None:  # outside _run: their errors are not compiling's
             kwargs.update(self.eager_inputs(model, batch))
-        return self._run(
+        out = self._run(
             lambda: self.compiled_fn(model, tensor_batch(batch, self.device), **kwargs),
             lambda: self.eager_fn(model, batch, **kwargs),
         )
+        return out.host_side() if isinstance(out, LossTensors) else out  # the graph ends before it
 
 
 def optimizer_step_compiles(lr_schedule: str, grad_scaler_enabled: bool) -> bool:

@@ -52,7 +52,7 @@ import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import torch
@@ -100,6 +100,22 @@ class LossOutput:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
+class LossTensors(NamedTuple):
+    """A loss's outputs while ``torch.compile`` traces it (:func:`loss_output`): the graph returns these
+    tensors, and :meth:`host_side` runs after it, eager."""
+
+    loss: torch.Tensor  # []
+    per_sample: torch.Tensor  # [B]
+    priorities: torch.Tensor  # [B]
+    means: torch.Tensor  # [M]
+    names: tuple[str, ...]  # M metric names
+    host_metrics: dict[str, float] | None
+
+    def host_side(self) -> LossOutput:
+        """:func:`loss_output` of these tensors, eager."""
+        return loss_output(*self)
+
+
 def loss_output(
     loss: torch.Tensor,
     per_sample: torch.Tensor,
@@ -107,13 +123,15 @@ def loss_output(
     means: torch.Tensor,
     names: tuple[str, ...],
     host_metrics: dict[str, float] | None = None,
-) -> LossOutput:
-    """A loss's host side, always eager: a compiled loss's graph ends at it (``learn.compile`` marks it so,
-    :mod:`~muzero_tune.pipeline.compiled_loss`; ``torch.compiler.disable`` here would import ``torch._dynamo``
-    into every acting process, about a second of its start). ``priorities`` [B] to a float32 array, the
-    metric means ``means`` [M] (named ``names``) and ``loss`` to floats in one tensor-to-list
-    (``train/loss_total`` is the loss), ``loss`` [] and ``per_sample`` [B] kept as tensors; ``host_metrics``:
-    metrics the loss has as Python numbers, added as they are (here, so a compiled loss ends at this call)."""
+) -> LossOutput | LossTensors:
+    """A loss's host side: ``priorities`` [B] to a float32 array, the metric means ``means`` [M] (named
+    ``names``) and ``loss`` to floats in one tensor-to-list (``train/loss_total`` is the loss), ``loss`` []
+    and ``per_sample`` [B] kept as tensors; ``host_metrics``: metrics the loss has as Python numbers, added as
+    they are. While ``torch.compile`` traces the loss (``learn.compile``) it returns its inputs as
+    :class:`LossTensors` instead, so the graph ends here without a break and
+    :class:`~muzero_tune.pipeline.compiled_loss.CompiledLoss` runs this after the graph."""
+    if torch.compiler.is_compiling():
+        return LossTensors(loss, per_sample, priorities, means, names, host_metrics)
     values = torch.cat([loss.detach().reshape(1).float(), means.float()]).tolist()
     metrics = {"train/loss_total": values[0], **dict(zip(names, values[1:], strict=True))}
     metrics.update(host_metrics or {})
