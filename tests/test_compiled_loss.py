@@ -6,6 +6,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import shutil
+import subprocess
+import sys
 import warnings
 
 import numpy as np
@@ -335,6 +337,29 @@ def test_a_part_that_recompiles_past_dynamos_limit_warns_once_and_runs_eager():
     for (key, a), b in zip(eager_net.state_dict().items(), compiled_net.state_dict().values()):
         torch.testing.assert_close(b, a, atol=OPT_ATOL, rtol=0, msg=lambda m, k=key: f"{k}: {m}")
     assert torch._dynamo.config.fail_on_recompile_limit_hit is False  # restored after each call
+
+
+def test_a_compiling_cpu_learner_checks_inductors_instruction_sets_before_its_first_step():
+    """A CPU learner with ``learn.compile`` starts Inductor's instruction-set check on a thread of its own
+    when it is built (a fresh process, so nothing checked them before), so its first compile finds the
+    answer cached instead of probing then."""
+    code = """
+import threading
+from muzero_tune.config import make_config
+from muzero_tune.pipeline.core import DriverCore
+from muzero_tune.runs.reporter import MemoryReporter
+from torch._inductor import cpu_vec_isa
+assert cpu_vec_isa.valid_vec_isa_list.cache_info().currsize == 0
+DriverCore(make_config("cartpole_muzero", overrides={"logging.quiet": True, "learn.compile": "default"}),
+           MemoryReporter())
+[thread] = [t for t in threading.enumerate() if t.name == "inductor-cpu-checks"]
+thread.join(120)
+info = cpu_vec_isa.valid_vec_isa_list.cache_info()
+print("checked", info.currsize, info.misses)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "checked 1 1" in done.stdout, done.stdout
 
 
 def test_a_learning_rate_that_changes_every_step_keeps_the_eager_optimizer_step():

@@ -38,6 +38,7 @@ compiles once per value; one that changes it every step (``cosine``) keeps the e
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -73,6 +74,26 @@ def tensor_batch(batch: TrainBatch, device: torch.device) -> TrainBatch:
         if f.name not in _HOST_FIELDS and f.name != "extras"
     }
     return dataclasses.replace(resolved, **moved, extras={k: to_tensor(v) for k, v in batch.extras.items()})
+
+
+def start_cpu_kernel_checks() -> threading.Thread:
+    """Start Inductor's check of the vector instruction sets its CPU kernels may use on a daemon thread, and
+    return it. Inductor makes it at a process's first compile, building and loading a probe library for each
+    set the CPU lists, in child processes (about a second); started early, it runs beside what the process
+    does before its first compiled step (a first collect), and the compile finds its answer cached. A failure
+    here is left to that compile, which checks again."""
+
+    def check() -> None:
+        try:
+            from torch._inductor import cpu_vec_isa
+
+            cpu_vec_isa.valid_vec_isa_list()
+        except Exception:  # noqa: BLE001 (the compile checks again and reports its own failure)
+            pass
+
+    thread = threading.Thread(target=check, name="inductor-cpu-checks", daemon=True)
+    thread.start()
+    return thread
 
 
 def inductor_options(mode: str, *, cpp_wrapper: bool) -> dict[str, Any]:

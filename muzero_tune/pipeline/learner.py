@@ -38,7 +38,12 @@ import torch
 from muzero_tune.config import ConfigError, ConfigWarning, ExperimentConfig, LearnConfig
 from muzero_tune.errors import DivergedError
 from muzero_tune.models.layout import place_model
-from muzero_tune.pipeline.compiled_loss import CompiledLoss, CompiledOptimizerStep, optimizer_step_compiles
+from muzero_tune.pipeline.compiled_loss import (
+    CompiledLoss,
+    CompiledOptimizerStep,
+    optimizer_step_compiles,
+    start_cpu_kernel_checks,
+)
 from muzero_tune.pipeline.ssl_offload import SslOffload
 from muzero_tune.policies.base import LossOutput, Policy
 from muzero_tune.replay.targets import TrainBatch, resolve_bootstrap, start_bootstrap
@@ -272,6 +277,8 @@ class Learner:
         self.compiled_optimizer_step: CompiledOptimizerStep | None = None
         if lc.compile != "off":
             cpp_wrapper = lc.compile_cpp_wrapper and self.device.type == "cpu"
+            if self.device.type == "cpu":  # beside the work before the first step
+                start_cpu_kernel_checks()
             self.compiled_loss = CompiledLoss(
                 policy.compute_loss,
                 mode=lc.compile,
