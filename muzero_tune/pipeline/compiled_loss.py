@@ -76,9 +76,9 @@ def tensor_batch(batch: TrainBatch, device: torch.device) -> TrainBatch:
     return dataclasses.replace(resolved, **moved, extras={k: to_tensor(v) for k, v in batch.extras.items()})
 
 
-def start_cpu_kernel_checks() -> threading.Thread:
-    """Start Inductor's check of the vector instruction sets its CPU kernels may use on a daemon thread, and
-    return it. Inductor makes it at a process's first compile, building and loading a probe library for each
+def start_cpu_kernel_checks() -> None:
+    """Start Inductor's check of the vector instruction sets its CPU kernels may use on a daemon thread.
+    Inductor makes it at a process's first compile, building and loading a probe library for each
     set the CPU lists, in child processes (about a second); started early, it runs beside what the process
     does before its first compiled step (a first collect), and the compile finds its answer cached. A failure
     here is left to that compile, which checks again."""
@@ -91,9 +91,7 @@ def start_cpu_kernel_checks() -> threading.Thread:
         except Exception:  # noqa: BLE001 (the compile checks again and reports its own failure)
             pass
 
-    thread = threading.Thread(target=check, name="inductor-cpu-checks", daemon=True)
-    thread.start()
-    return thread
+    threading.Thread(target=check, name="inductor-cpu-checks", daemon=True).start()
 
 
 def inductor_options(mode: str, *, cpp_wrapper: bool) -> dict[str, Any]:
