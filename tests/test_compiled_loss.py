@@ -54,10 +54,10 @@ def _core(policy_type: str, compile_mode: str, **over) -> DriverCore:
     return core
 
 
-def _compare_with_eager(policy_type: str, compile_mode: str = "default") -> tuple[DriverCore, list]:
+def _compare_with_eager(policy_type: str, compile_mode: str = "default", **over) -> tuple[DriverCore, list]:
     """STEPS train steps of an eager and a compiled driver from the same seed on the same data: the
     compiled one's weights, target network and priorities equal the eager one's within the tolerances."""
-    eager, compiled = _core(policy_type, "off"), _core(policy_type, compile_mode)
+    eager, compiled = _core(policy_type, "off"), _core(policy_type, compile_mode, **over)
     before = {k: v.clone() for k, v in compiled.learner.model.state_dict().items()}
     outs = [(eager.train_step(), compiled.train_step()) for _ in range(STEPS)]
     for a, b in outs:
@@ -98,7 +98,7 @@ def test_a_compiled_loss_trains_as_the_eager_one():
     priorities within float rounding, and its compile time reported beside the step's metrics."""
     from torch._dynamo.utils import counters
 
-    compiled, outs = _compare_with_eager("muzero")
+    compiled, outs = _compare_with_eager("muzero", **{"learn.compile_optimizer_step": True})
     assert compiled.learner.compiled_loss.compiled and compiled.learner.compiled_optimizer_step.compiled
     assert outs[-1][1].metrics["train/compile_s"] > 0 and "train/compile_s" not in outs[-1][0].metrics
     # the loss is one graph from the observations to the priorities, with no break (a break would have
@@ -118,7 +118,7 @@ def test_a_loss_that_cannot_compile_warns_once_and_runs_eager():
     no_compiler = torch._inductor.config.patch({"cpp.cxx": ("/nonexistent/c++",), "fx_graph_cache": False})
     with no_compiler, warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        broken = _core("muzero", "default", **{"model.hidden_dim": 24})
+        broken = _core("muzero", "default", **{"model.hidden_dim": 24, "learn.compile_optimizer_step": True})
         outs = [(eager.train_step(), broken.train_step()) for _ in range(STEPS)]
     said = [str(w.message) for w in caught if issubclass(w.category, ConfigWarning) and "compile" in str(w)]
     assert len(said) == 2, said
@@ -343,45 +343,62 @@ def test_a_part_that_recompiles_past_dynamos_limit_warns_once_and_runs_eager():
     assert torch._dynamo.config.fail_on_recompile_limit_hit is False  # restored after each call
 
 
-def test_a_compiling_cpu_learner_checks_inductors_instruction_sets_before_its_first_step():
+def test_a_compiling_cpu_learner_starts_inductors_per_process_work_before_its_first_step():
     """A CPU learner with ``learn.compile`` starts Inductor's instruction-set check on a thread of its own
-    when it is built (a fresh process, so nothing checked them before), so its first compile finds the
-    answer cached instead of probing then."""
+    when it is built (a fresh process, so nothing checked them before), and the hash of torch's sources
+    that keys Inductor's caches, so its first compile finds both answers cached instead of working then."""
     code = """
 import time
 from muzero_tune.config import make_config
 from muzero_tune.pipeline.core import DriverCore
 from muzero_tune.runs.reporter import MemoryReporter
-from torch._inductor import cpu_vec_isa
+from torch._inductor import codecache, cpu_vec_isa
 assert cpu_vec_isa.valid_vec_isa_list.cache_info().currsize == 0
+asked = []
+if hasattr(codecache.torch_key, "prefetch"):  # torch's own background hash, where torch has it
+    real_prefetch = codecache.torch_key.prefetch
+    codecache.torch_key.prefetch = lambda: (asked.append(True), real_prefetch())
+else:
+    asked.append(True)
 DriverCore(make_config("cartpole_muzero", overrides={"logging.quiet": True, "learn.compile": "default"}),
            MemoryReporter())
 deadline = time.monotonic() + 120  # nothing on this thread checks them before a compile
 while cpu_vec_isa.valid_vec_isa_list.cache_info().currsize == 0 and time.monotonic() < deadline:
     time.sleep(0.05)
 info = cpu_vec_isa.valid_vec_isa_list.cache_info()
-print("checked", info.currsize, info.misses)
+print("checked", info.currsize, info.misses, "source hash asked for", len(asked))
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "checked 1 1" in done.stdout, done.stdout
+    assert "checked 1 1 source hash asked for 1" in done.stdout, done.stdout
 
 
-def test_a_learning_rate_that_changes_every_step_keeps_the_eager_optimizer_step():
-    cosine = _core("muzero", "default", **{"learn.lr_schedule": "cosine", "learn.lr_total_train_iter": 100})
+def test_the_optimizer_step_compiles_where_asked_and_its_learning_rate_stays_put():
+    """The optimizer's step compiles only with learn.compile_optimizer_step, and not under a learning rate
+    that changes every step; asked for with the loss eager, a warning says it does nothing."""
+    asked = {"learn.compile_optimizer_step": True}
+    over = {"learn.lr_schedule": "cosine", "learn.lr_total_train_iter": 100, **asked}
+    cosine = _core("muzero", "default", **over)
     assert cosine.learner.compiled_loss is not None and cosine.learner.compiled_optimizer_step is None
-    assert _core("muzero", "default").learner.compiled_optimizer_step is not None
-    assert _core("muzero", "off").learner.compiled_optimizer_step is None
+    assert _core("muzero", "default", **asked).learner.compiled_optimizer_step is not None
+    loss_only = _core("muzero", "default")
+    assert loss_only.learner.compiled_loss is not None and loss_only.learner.compiled_optimizer_step is None
+    with pytest.warns(ConfigWarning, match="compile_optimizer_step=true has no effect"):
+        eager = _core("muzero", "off", **asked)
+    assert eager.learner.compiled_loss is None and eager.learner.compiled_optimizer_step is None
 
 
 @NEEDS_CXX
 @pytest.mark.slow
 @pytest.mark.parametrize("policy_type", list(POLICY_CLASSES))
 def test_every_policy_types_compiled_loss_trains_as_its_eager_one(policy_type):
-    """Each type's loss under ``learn.compile=default`` compiles (the recurrent type's history replay runs
-    eager before its graph) and trains as the eager learner does, within float rounding."""
-    compiled, _ = _compare_with_eager(policy_type)
+    """Each type's loss under ``learn.compile=default``, and its optimizer's step, compile (the recurrent
+    type's history replay runs eager before its graph) and train as the eager learner does, within float
+    rounding."""
+    compiled, _ = _compare_with_eager(policy_type, **{"learn.compile_optimizer_step": True})
     assert compiled.learner.compiled_loss.compiled, compiled.learner.compiled_loss.fallback_reason
+    step = compiled.learner.compiled_optimizer_step
+    assert step.compiled, step.fallback_reason
 
 
 def test_the_first_backward_after_a_compiled_forward_counts_as_compile_time():
@@ -407,8 +424,9 @@ def test_the_first_backward_after_a_compiled_forward_counts_as_compile_time():
 def test_the_cpp_wrapper_runs_the_same_kernels_bit_for_bit():
     """``learn.compile_cpp_wrapper`` changes only who calls the kernels: the weights and priorities of
     STEPS steps equal those under Inductor's Python wrapper exactly."""
-    python_wrapper = _core("muzero", "default", **{"learn.compile_cpp_wrapper": False})
-    cpp_wrapper = _core("muzero", "default")
+    both = {"learn.compile_optimizer_step": True}
+    python_wrapper = _core("muzero", "default", **{"learn.compile_cpp_wrapper": False, **both})
+    cpp_wrapper = _core("muzero", "default", **both)
     outs = [(python_wrapper.train_step(), cpp_wrapper.train_step()) for _ in range(STEPS)]
     for a, b in outs:
         np.testing.assert_array_equal(b.priorities, a.priorities)

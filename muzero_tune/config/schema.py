@@ -240,10 +240,16 @@ class LearnConfig:
     device: str = param("cpu", "learner device: cpu, auto (cuda when present) or cuda[:N]")
     compile: str = param(
         "off",
-        "torch.compile the loss's forward and backward and the optimizer's step (pipeline/compiled_loss.py): "
+        "torch.compile the loss's forward and backward (pipeline/compiled_loss.py): "
         "off, default, or max-autotune-no-cudagraphs (longer compile, faster matmuls on small CPU networks); "
         "a part that cannot compile runs eager with one warning naming the cause",
         choices=("off", "default", "max-autotune-no-cudagraphs"),
+    )
+    compile_optimizer_step: bool = param(
+        False,
+        "with learn.compile on: the optimizer's step compiled too, as a second graph (on the CartPole "
+        "networks about a second more of first compile per process, repaid after about a thousand train "
+        "steps); eager under lr_schedule=cosine and behind fp16's gradient scaler",
     )
     compile_cpp_wrapper: bool = param(
         True,

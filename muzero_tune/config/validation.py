@@ -144,6 +144,11 @@ def validate(cfg: ExperimentConfig, *, check_env: bool = True) -> ExperimentConf
             ),
             stacklevel=2,
         )
+    if learn.compile_optimizer_step and learn.compile == "off":
+        warnings.warn(
+            ConfigWarning("learn.compile_optimizer_step=true has no effect with learn.compile=off"),
+            stacklevel=2,
+        )
     if learn.helper_ssl_encodings > 0:
         if not learn.overlap_bootstrap:
             warnings.warn(

@@ -28,11 +28,13 @@ history. The SSL targets are encoded inside the graph (the learner's helper-thre
 loss a callable, which a graph cannot take), and the bootstrap values are waited for before the graph
 starts.
 
-The optimizer's step (:class:`CompiledOptimizerStep`) is a second graph: every parameter's update (Adam's
-moments, weight decay, momentum) fused into a few kernels instead of one multi-tensor op after another. Its
-learning rate is a Python float the graph is specialised on, so a schedule that changes it at milestones
-compiles once per value; one that changes it every step (``cosine``) keeps the eager step
-(:func:`optimizer_step_compiles`), as does a run whose fp16 gradient scaler steps the optimizer.
+With ``learn.compile_optimizer_step`` the optimizer's step (:class:`CompiledOptimizerStep`) is a second graph:
+every parameter's update (Adam's moments, weight decay, momentum) fused into a few kernels instead of one
+multi-tensor op after another (off by default: its first compile, about a second per process for the CartPole
+networks, repays itself only after about a thousand train steps). Its learning rate is a Python float the
+graph is specialised on, so a schedule that changes it at milestones compiles once per value; one that changes
+it every step (``cosine``) keeps the eager step (:func:`optimizer_step_compiles`), as does a run whose fp16
+gradient scaler steps the optimizer.
 """
 
 from __future__ import annotations
@@ -76,12 +78,17 @@ def tensor_batch(batch: TrainBatch, device: torch.device) -> TrainBatch:
     return dataclasses.replace(resolved, **moved, extras={k: to_tensor(v) for k, v in batch.extras.items()})
 
 
-def start_cpu_kernel_checks() -> None:
-    """Start Inductor's check of the vector instruction sets its CPU kernels may use on a daemon thread.
-    Inductor makes it at a process's first compile, building and loading a probe library for each
-    set the CPU lists, in child processes (about a second); started early, it runs beside what the process
-    does before its first compiled step (a first collect), and the compile finds its answer cached. A failure
-    here is left to that compile, which checks again."""
+def start_inductor_prework() -> None:
+    """Start the work Inductor does once per process, whatever it compiles, on background threads:
+
+    - the check of the vector instruction sets its CPU kernels may use, which builds and loads a probe
+      library for each set the CPU lists, in child processes (about a second);
+    - the hash of torch's own sources that keys its caches (about 0.1 s; torch's ``torch_key.prefetch``,
+      where torch has it).
+
+    Started early, they run beside what the process does before its first compiled step (a first collect),
+    and that compile finds their answers cached. A failure here is left to that compile, which does the
+    work again and reports its own failure."""
 
     def check() -> None:
         try:
@@ -92,6 +99,13 @@ def start_cpu_kernel_checks() -> None:
             pass
 
     threading.Thread(target=check, name="inductor-cpu-checks", daemon=True).start()
+    try:
+        from torch._inductor.codecache import torch_key
+    except ImportError:
+        return
+    prefetch = getattr(torch_key, "prefetch", None)
+    if prefetch is not None:
+        prefetch()
 
 
 def inductor_options(mode: str, *, cpp_wrapper: bool) -> dict[str, Any]:

@@ -42,7 +42,7 @@ from muzero_tune.pipeline.compiled_loss import (
     CompiledLoss,
     CompiledOptimizerStep,
     optimizer_step_compiles,
-    start_cpu_kernel_checks,
+    start_inductor_prework,
 )
 from muzero_tune.pipeline.ssl_offload import SslOffload
 from muzero_tune.policies.base import LossOutput, Policy
@@ -271,14 +271,14 @@ class Learner:
         # the loss: policy.compute_loss(model, batch, train_iter=, ...); a data-parallel learner stands in
         # its DistributedDataParallel wrapper (muzero_tune.distributed.learner_group)
         self.loss_fn: Callable[..., Any] = policy.compute_loss
-        # learn.compile: the loss and the optimizer's step compiled (None: eager); their first calls' wall
-        # time is compile_s
+        # learn.compile: the loss compiled, and with learn.compile_optimizer_step the optimizer's step
+        # (None: eager); their first calls' wall time is compile_s
         self.compiled_loss: CompiledLoss | None = None
         self.compiled_optimizer_step: CompiledOptimizerStep | None = None
         if lc.compile != "off":
             cpp_wrapper = lc.compile_cpp_wrapper and self.device.type == "cpu"
             if self.device.type == "cpu":  # beside the work before the first step
-                start_cpu_kernel_checks()
+                start_inductor_prework()
             self.compiled_loss = CompiledLoss(
                 policy.compute_loss,
                 mode=lc.compile,
@@ -288,7 +288,8 @@ class Learner:
                 eager_inputs=policy.eager_loss_inputs,
             )
             self.loss_fn = self.compiled_loss
-            if optimizer_step_compiles(lc.lr_schedule, self._scaler.is_enabled()):
+            scaler_on = self._scaler.is_enabled()
+            if lc.compile_optimizer_step and optimizer_step_compiles(lc.lr_schedule, scaler_on):
                 self.compiled_optimizer_step = CompiledOptimizerStep(
                     self.optimizer, mode=lc.compile, policy_name=policy.name, cpp_wrapper=cpp_wrapper
                 )
