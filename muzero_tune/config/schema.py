@@ -248,8 +248,8 @@ class LearnConfig:
     compile_optimizer_step: bool = param(
         False,
         "with learn.compile on: the optimizer's step compiled too, as a second graph (on the CartPole "
-        "networks about a second more of first compile per process, repaid after about a thousand train "
-        "steps); eager under lr_schedule=cosine and behind fp16's gradient scaler",
+        "networks about a second more of first compile per process, for 0-0.6 ms less per train step); "
+        "eager under lr_schedule=cosine and behind fp16's gradient scaler",
     )
     compile_cpp_wrapper: bool = param(
         True,
