@@ -4,7 +4,8 @@ guard, three times the wall time listed with it in ``GOALS`` (what it takes on 2
 far off its course ends; a run the guard stopped says so with the machine's load average.
 
 - CartPole-v1 >= 195 within 30k env steps (about 10 minutes): MuZero and UniZero on seeds 0, 1, 2, the other
-  types on seed 0, the discrete sampled search (K = 2) on seeds 0-2;
+  types on seed 0, the discrete sampled search (K = 2) on seeds 0-2, MuZero with its loss compiled
+  (``learn.compile``) on seeds 0-2;
 - Pendulum-v1 >= -250 within 50k env steps (both sampled types, seeds 0-2), InvertedPendulum-v5 >= 950
   within 30k (the mujoco extra); Pendulum-v1 >= -300 within 50k for sampled_unizero (seed 0);
 - Acrobot-v1 >= -100 within 50k env steps (``acrobot_muzero``, seeds 0-2);
@@ -158,20 +159,36 @@ def _goal_params():
             for preset, seed, steps, wall_s in GOALS]  # fmt: skip
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("preset,seed,max_envsteps,wall_guard_s", _goal_params())
-def test_preset_reaches_its_threshold(preset, seed, max_envsteps, wall_guard_s, tmp_path):
+def _reaches_threshold(preset, seed, max_envsteps, wall_guard_s, output_dir, **overrides) -> MemoryReporter:
     env_id = make_config(preset, check_env=False).env.env_id
     for prefix, (module, extra) in EXTRAS.items():
         if env_id.startswith(prefix):
             pytest.importorskip(module, reason=f'needs the {extra} extra: pip install -e ".[{extra}]"')
     cfg = make_config(
         preset,
-        overrides={"seed": seed, "logging.output_dir": str(tmp_path), "logging.quiet": True,
-                   "max_wall_s": wall_guard_s},  # fmt: skip
+        overrides={"seed": seed, "logging.output_dir": str(output_dir), "logging.quiet": True,
+                   "max_wall_s": wall_guard_s, **overrides},  # fmt: skip
     )
     rep = MemoryReporter()
     summary = train_muzero_segment(cfg, reporter=rep)
     failure = goal_failure(preset, seed, rep.evals, target=cfg.stop_value, max_envsteps=max_envsteps,
                            stop_reason=summary.stop_reason, wall_guard_s=wall_guard_s)
     assert failure is None, failure
+    return rep
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset,seed,max_envsteps,wall_guard_s", _goal_params())
+def test_preset_reaches_its_threshold(preset, seed, max_envsteps, wall_guard_s, tmp_path):
+    _reaches_threshold(preset, seed, max_envsteps, wall_guard_s, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(WALL_GUARD * CARTPOLE[1] + 600)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_compiled_loss_reaches_cartpoles_threshold(seed, tmp_path):
+    """``learn.compile`` sums in another order than the eager step, so its runs take paths of their own:
+    they reach the goal as the eager ones do (the wall guard includes a compile from an empty cache)."""
+    rep = _reaches_threshold("cartpole_muzero", seed, CARTPOLE[0], WALL_GUARD * CARTPOLE[1], tmp_path,
+                             **{"learn.compile": "default"})
+    assert any("train/compile_s" in row for row in rep.progress), "the loss ran eager: it did not compile"
