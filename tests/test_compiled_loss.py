@@ -373,7 +373,7 @@ print("checked", info.currsize, info.misses, "source hash asked for", len(asked)
     assert "checked 1 1 source hash asked for 1" in done.stdout, done.stdout
 
 
-def test_the_optimizer_step_compiles_where_asked_and_its_learning_rate_stays_put():
+def test_the_optimizer_step_compiles_only_where_asked_and_not_under_a_per_step_learning_rate():
     """The optimizer's step compiles only with learn.compile_optimizer_step, and not under a learning rate
     that changes every step; asked for with the loss eager, a warning says it does nothing."""
     asked = {"learn.compile_optimizer_step": True}
