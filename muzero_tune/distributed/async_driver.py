@@ -470,6 +470,9 @@ class AsyncDriver:
                 self.wait_any(self.ap.poll_interval_s)
                 core.progress({"pipeline": "async", **self.pipeline_metrics()})
         self._finish_evals(reason)
+        # the run's end state as its last row: an actor failure handled in the run's last moments (its
+        # collect drained after the last evaluation) is in the metrics too
+        core.progress({"pipeline": "async", **self.pipeline_metrics()})
         return RunSummary(reason, core.counters.env_steps, core.train_iter, self.eval_rows, core.wall_s())
 
     def _drain_evals(self) -> None:
