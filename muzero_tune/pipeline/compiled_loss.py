@@ -92,20 +92,16 @@ def start_inductor_prework() -> None:
 
     def check() -> None:
         try:
-            from torch._inductor import cpu_vec_isa
+            from torch._inductor import codecache, cpu_vec_isa  # importing them takes about a second
 
+            prefetch = getattr(codecache.torch_key, "prefetch", None)
+            if prefetch is not None:  # on torch's own thread, beside the check below
+                prefetch()
             cpu_vec_isa.valid_vec_isa_list()
-        except Exception:  # noqa: BLE001 (the compile checks again and reports its own failure)
+        except Exception:  # noqa: BLE001 (the compile does the work again and reports its own failure)
             pass
 
     threading.Thread(target=check, name="inductor-cpu-checks", daemon=True).start()
-    try:
-        from torch._inductor.codecache import torch_key
-    except ImportError:
-        return
-    prefetch = getattr(torch_key, "prefetch", None)
-    if prefetch is not None:
-        prefetch()
 
 
 def inductor_options(mode: str, *, cpp_wrapper: bool) -> dict[str, Any]:
