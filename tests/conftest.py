@@ -10,6 +10,7 @@ them (no usage stats, no token auth).
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +20,12 @@ import pytest
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 os.environ["RAY_AUTH_MODE"] = "disabled"
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+# Inductor's CPU kernels are C++: a check that compiles on the CPU needs a compiler
+NEEDS_CXX = pytest.mark.skipif(
+    not any(shutil.which(c) for c in ("g++", "c++", "clang++")),
+    reason="Inductor's CPU kernels need a C++ compiler",
+)
 
 # every async run in the tests: tiny networks and searches, short segments, no early stop
 ASYNC_SMALL = {

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import shutil
 import subprocess
 import sys
 import warnings
@@ -13,6 +12,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from conftest import NEEDS_CXX
 
 from muzero_tune.config import ConfigWarning, make_config
 from muzero_tune.pipeline.collector import fill_replay
@@ -85,11 +85,6 @@ def test_the_tensor_batch_holds_the_batch_as_tensors():
             np.testing.assert_array_equal(value.numpy(), getattr(resolved, f.name), err_msg=f.name)
     assert isinstance(tb.obs, torch.Tensor) and isinstance(tb.target_value, torch.Tensor)
 
-
-NEEDS_CXX = pytest.mark.skipif(
-    not any(shutil.which(c) for c in ("g++", "c++", "clang++")),
-    reason="Inductor's CPU kernels need a C++ compiler",
-)
 
 
 @NEEDS_CXX

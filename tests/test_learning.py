@@ -23,9 +23,9 @@ A failure names the preset, the seed and the figure reached. Slow (seconds to ho
 from __future__ import annotations
 
 import os
-import shutil
 
 import pytest
+from conftest import NEEDS_CXX
 
 from muzero_tune.config import make_config
 from muzero_tune.pipeline.sync_driver import train_muzero_segment
@@ -185,8 +185,7 @@ def test_preset_reaches_its_threshold(preset, seed, max_envsteps, wall_guard_s, 
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not any(shutil.which(c) for c in ("g++", "c++", "clang++")),
-                    reason="Inductor's CPU kernels need a C++ compiler")  # fmt: skip
+@NEEDS_CXX
 @pytest.mark.timeout(WALL_GUARD * CARTPOLE[1] + 600)
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_a_compiled_loss_reaches_cartpoles_threshold(seed, tmp_path):
