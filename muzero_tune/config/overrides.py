@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 import types
 import typing
@@ -39,7 +40,9 @@ def current_key(key: str, *, warn: bool = True) -> str:
 # ---------------------------------------------------------------------------------------------- overrides
 
 
+@functools.cache
 def _hints(cls: type) -> dict[str, Any]:
+    """A config class's resolved type hints (cached: resolving them is most of an override's cost)."""
     return typing.get_type_hints(cls)
 
 

@@ -38,6 +38,11 @@ def param(
 # ---------------------------------------------------------------------------------------------- sections
 
 
+
+# the longest wait a timeout may name (about 11.6 days): Ray and the standard library take waits as C integers
+# of milliseconds or nanoseconds, so a far larger one overflows them
+MAX_WAIT_S = 1_000_000.0
+
 @dataclass(frozen=True)
 class EnvConfig:
     """Which environment, how its frames are preprocessed, and how many copies run."""
@@ -318,7 +323,8 @@ class LearnConfig:
         "GPU when learn.device is cuda, or auto on a cluster with GPUs)",
     )
     learner_timeout_s: float = param(
-        600.0, "seconds a learner worker may take to start or to answer one train step", gt=0.0
+        600.0, "seconds a learner worker may take to start or to answer one train step", gt=0.0,
+        le=MAX_WAIT_S,
     )
 
 
@@ -363,13 +369,17 @@ class AsyncPipelineConfig:
         None, "train-budget queue cap (backpressure, once trainable; None: 2 x num_collector_actors)", ge=1
     )
     eval_at_start: bool = param(False, "run one evaluation before training starts")
-    collector_num_cpus: float = param(1.0, "Ray CPUs per collector actor", ge=0.0)
-    evaluator_num_cpus: float = param(1.0, "Ray CPUs per evaluator actor", ge=0.0)
-    collector_num_gpus: float = param(0.0, "Ray GPUs per collector actor (fractional allowed)", ge=0.0)
-    evaluator_num_gpus: float = param(0.0, "Ray GPUs per evaluator actor (fractional allowed)", ge=0.0)
+    collector_num_cpus: float = param(1.0, "Ray CPUs per collector actor", ge=0.0, le=1024.0)
+    evaluator_num_cpus: float = param(1.0, "Ray CPUs per evaluator actor", ge=0.0, le=1024.0)
+    collector_num_gpus: float = param(
+        0.0, "Ray GPUs per collector actor (fractional allowed)", ge=0.0, le=64.0
+    )
+    evaluator_num_gpus: float = param(
+        0.0, "Ray GPUs per evaluator actor (fractional allowed)", ge=0.0, le=64.0
+    )
     buffer_stats_interval: int = param(100, "log buffer statistics every this many train_iter", ge=1)
     poll_interval_s: float = param(0.1, "driver event-loop poll interval, seconds", gt=0.0, le=60.0)
-    shutdown_timeout_s: float = param(30.0, "actor shutdown timeout at exit, seconds", gt=0.0)
+    shutdown_timeout_s: float = param(30.0, "actor shutdown timeout at exit, seconds", gt=0.0, le=MAX_WAIT_S)
     ray_local_mode: bool = param(False, "Ray local mode (debugging)")
     max_actor_restarts: int = param(
         3,
@@ -377,16 +387,21 @@ class AsyncPipelineConfig:
         "stops with an error when a kind has no actor left)",
         ge=0,
     )
-    actor_restart_delay_s: float = param(1.0, "wait before restarting a failed actor, seconds", ge=0.0)
-    collect_timeout_s: float = param(
-        600.0, "a collect running longer is treated as a hung actor, seconds", gt=0.0
+    actor_restart_delay_s: float = param(
+        1.0, "wait before restarting a failed actor, seconds", ge=0.0, le=3600.0
     )
-    eval_timeout_s: float = param(1800.0, "an evaluation running longer is treated as hung, seconds", gt=0.0)
+    collect_timeout_s: float = param(
+        600.0, "a collect running longer is treated as a hung actor, seconds", gt=0.0, le=MAX_WAIT_S
+    )
+    eval_timeout_s: float = param(
+        1800.0, "an evaluation running longer is treated as hung, seconds", gt=0.0, le=MAX_WAIT_S
+    )
     actor_start_timeout_s: float = param(
         120.0,
         "wait this long for the placement group and actors to start, seconds; a replacement actor not "
         "started by then is waited for while the run goes on with the others",
         gt=0.0,
+        le=MAX_WAIT_S,
     )
     placement_strategy: str = param(
         "PACK",
@@ -449,6 +464,7 @@ class PolicyConfig:
         5,
         "muzero_context / muzero_rnn_full_obs: re-encode / reset the carried state every this many steps",
         ge=1,
+        le=100_000,
     )
     rnn_hidden_size: int = param(64, "muzero_rnn_full_obs: GRU history state size", ge=1, le=16_384)
     # unizero (sampled_unizero)
