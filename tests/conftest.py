@@ -27,17 +27,27 @@ NEEDS_CXX = pytest.mark.skipif(
     reason="Inductor's CPU kernels need a C++ compiler",
 )
 
+# Logical CPUs of each test process's Ray cluster: the machine's, and at least the 5 the largest proof needs
+# (the quickstart sweep's four trials side by side, each async one 1 + 0.25 + 0.25: tests/test_tune.py). Every
+# other test's runs and sweeps fit in 2 and start no more processes at once than that.
+RAY_TEST_CPUS = max(5, os.cpu_count() or 1)
+# A test's actors take a quarter of a logical CPU each, so a run (driver 1 + its actors) fits in 2 CPUs: one
+# collector and one evaluator need 1.5, two of each 2.0
+ACTOR_CPUS = {
+    "policy.async_pipeline.collector_num_cpus": 0.25, "policy.async_pipeline.evaluator_num_cpus": 0.25,
+}  # fmt: skip
+
 # every async run in the tests: tiny networks and searches, short segments, no early stop
 ASYNC_SMALL = {
     "model.hidden_dim": 32, "model.latent_dim": 16, "mcts.num_simulations": 4, "learn.batch_size": 32,
     "env.collector_env_num": 4, "env.evaluator_env_num": 2, "eval.n_episodes": 2, "eval.eval_freq": 20,
     "replay.game_segment_length": 20, "max_envstep": 400, "stop_value": None, "logging.quiet": True,
-    "policy.async_pipeline.enabled": True, "policy.async_pipeline.actor_restart_delay_s": 0.1,
+    "policy.async_pipeline.enabled": True, "policy.async_pipeline.actor_restart_delay_s": 0.1, **ACTOR_CPUS,
 }
 
 
 _SUITE_T0 = time.perf_counter()
-SUITE_BUDGET_S = 15 * 60  # the default suite's budget on this 2-core machine
+SUITE_BUDGET_S = 8 * 60  # the default suite's budget on a 2-core machine
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
@@ -83,12 +93,12 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def ray_cluster():
-    """A local Ray instance with 8 logical CPUs (the real work still runs on the machine's cores)."""
+    """A local Ray instance with the machine's CPUs (:data:`RAY_TEST_CPUS`)."""
     import ray
 
     started = not ray.is_initialized()
     if started:
-        ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=RAY_TEST_CPUS, include_dashboard=False, log_to_driver=False)
     yield ray
     if started:
         ray.shutdown()

@@ -14,7 +14,7 @@ import threading
 import time
 
 import pytest
-from conftest import DriverProbe, _async_config
+from conftest import RAY_TEST_CPUS, DriverProbe, _async_config
 
 from tests.oracles.replay_streams import partial_collects
 
@@ -42,7 +42,7 @@ def three_nodes():
     ray.shutdown()
     cluster.shutdown()
     if was_local:  # the session fixture's local Ray, as conftest.ray_cluster starts it
-        ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
+        ray.init(num_cpus=RAY_TEST_CPUS, include_dashboard=False, log_to_driver=False)
 
 
 def _nodes_alive(ray) -> set[str]:
@@ -139,6 +139,12 @@ def _a_collectors_node_removed(three_nodes, probe, *, collectors: int):
 
 @pytest.mark.slow  # about 65 s on top of the cluster's start-up (2 loaded cores)
 def test_losing_the_collectors_node_restarts_it_where_its_bundle_is_rescheduled(three_nodes, tmp_path):
+    """The proof this slow check makes at full size.
+
+    Default-tier twin:
+    tests/test_async_faults.py::test_failed_collector_is_restarted_and_its_collect_dropped
+    tests/test_cluster.py::test_spread_puts_the_actors_on_other_nodes_and_data_crosses_them_unchanged
+    """
     ray = three_nodes["ray"]
     me = ray.get_runtime_context().get_node_id()
     probe = DriverProbe()
@@ -169,7 +175,12 @@ def test_a_collector_lost_with_no_room_left_leaves_the_run_going_on_the_other(th
     The start timeout is five times what starting the actors takes here under load (about 3 s), and the
     run's remaining 23,800 env steps on one collector take four times that timeout or more on 2 cores (6,000
     took about the timeout itself on an idle machine), so the replacement is reported once as not started
-    while the run goes on, and killed at the end without waiting out the shutdown timeout."""
+    while the run goes on, and killed at the end without waiting out the shutdown timeout.
+
+    Default-tier twin:
+    tests/test_async_faults.py::test_a_collector_given_up_leaves_the_run_going_on_the_others
+    tests/test_cluster.py::test_spread_puts_the_actors_on_other_nodes_and_data_crosses_them_unchanged
+    """
     ray = three_nodes["ray"]
     probe = DriverProbe()
     with _a_collectors_node_removed(three_nodes, probe, collectors=2) as removed:
@@ -195,6 +206,12 @@ def test_a_collector_lost_with_no_room_left_leaves_the_run_going_on_the_other(th
 
 @pytest.mark.slow  # about 2 min: two async trials at once on the three nodes
 def test_a_two_trial_sweep_spreads_over_the_three_nodes(three_nodes, tmp_path):
+    """The proof this slow check makes at full size.
+
+    Default-tier twin:
+    tests/test_cluster.py::test_spread_puts_the_actors_on_other_nodes_and_data_crosses_them_unchanged
+    tests/test_tune.py::test_async_trials_run_concurrently_with_their_actors_in_their_own_bundles
+    """
     from mlflow.tracking import MlflowClient
     from ray import tune
 
@@ -231,6 +248,12 @@ def test_a_two_trial_sweep_spreads_over_the_three_nodes(three_nodes, tmp_path):
 
 @pytest.mark.slow  # about 2 min: a trial, its node removed after its first checkpoint, the retry elsewhere
 def test_losing_the_trials_own_node_retries_it_from_its_checkpoint_with_one_mlflow_run(three_nodes, tmp_path):
+    """The proof this slow check makes at full size.
+
+    Default-tier twin:
+    tests/test_tune.py::test_trial_error_is_retried_from_its_last_checkpoint_and_counters_continue
+    tests/test_cluster.py::test_spread_puts_the_actors_on_other_nodes_and_data_crosses_them_unchanged
+    """
     import csv
     import glob
 

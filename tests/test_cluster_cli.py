@@ -65,6 +65,12 @@ def test_unreachable_address_is_one_line_naming_it_before_anything_is_written(tm
 
 @pytest.mark.slow  # about 90 s: two `ray start`, an async run through the CLI, the shutdown
 def test_train_joins_a_cluster_started_with_ray_start_and_both_nodes_stop_at_the_end(tmp_path):
+    """The proof this slow check makes at full size.
+
+    Default-tier twin:
+    tests/test_cluster_cli.py::test_unreachable_address_is_one_line_naming_it_before_anything_is_written
+    tests/test_cluster.py::test_spread_puts_the_actors_on_other_nodes_and_data_crosses_them_unchanged
+    """
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
     env.pop("RAY_ADDRESS", None)
     temp_dir = tempfile.mkdtemp(prefix="mzt_ray_", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes

@@ -93,7 +93,10 @@ def test_a_compiled_loss_trains_as_the_eager_one():
     priorities within float rounding, and its compile time reported beside the step's metrics."""
     from torch._dynamo.utils import counters
 
-    compiled, outs = _compare_with_eager("muzero", **{"learn.compile_optimizer_step": True})
+    # two unrolled steps: the loop's graph as at any K, in a shorter compile (every type at its preset K:
+    # test_every_policy_types_compiled_loss_trains_as_its_eager_one)
+    compiled, outs = _compare_with_eager("muzero", **{"learn.compile_optimizer_step": True,
+                                                      "replay.num_unroll_steps": 2})
     assert compiled.learner.compiled_loss.compiled and compiled.learner.compiled_optimizer_step.compiled
     assert outs[-1][1].metrics["train/compile_s"] > 0 and "train/compile_s" not in outs[-1][0].metrics
     # the loss is one graph from the observations to the priorities, with no break (a break would have
@@ -132,7 +135,11 @@ def test_a_backward_that_cannot_compile_warns_once_and_redoes_the_step_eager():
     """AOTAutograd compiles the backward graph at the first backward: where that fails (here the C++
     compiler goes missing after the forward compiled), one warning naming the cause, and the step's loss
     runs again eager with its backward, so the weights after it are the eager learner's bit for bit; the
-    loss stays eager after that."""
+    loss stays eager after that.
+
+    Default-tier twin:
+    tests/test_compiled_loss.py::test_a_loss_that_cannot_compile_warns_once_and_runs_eager
+    """
     # a learning rate that changes every step keeps the optimizer's step eager: the step is eager's exactly
     over = {"model.hidden_dim": 20, "learn.lr_schedule": "cosine", "learn.lr_total_train_iter": 100}
     eager, broken = _core("muzero", "off", **over), _core("muzero", "default", **over)
@@ -389,7 +396,11 @@ def test_the_optimizer_step_compiles_only_where_asked_and_not_under_a_per_step_l
 def test_every_policy_types_compiled_loss_trains_as_its_eager_one(policy_type):
     """Each type's loss under ``learn.compile=default``, and its optimizer's step, compile (the recurrent
     type's history replay runs eager before its graph) and train as the eager learner does, within float
-    rounding."""
+    rounding.
+
+    Default-tier twin:
+    tests/test_compiled_loss.py::test_a_compiled_loss_trains_as_the_eager_one
+    """
     compiled, _ = _compare_with_eager(policy_type, **{"learn.compile_optimizer_step": True})
     assert compiled.learner.compiled_loss.compiled, compiled.learner.compiled_loss.fallback_reason
     step = compiled.learner.compiled_optimizer_step
@@ -418,7 +429,11 @@ def test_the_first_backward_after_a_compiled_forward_counts_as_compile_time():
 @pytest.mark.slow
 def test_the_cpp_wrapper_runs_the_same_kernels_bit_for_bit():
     """``learn.compile_cpp_wrapper`` changes only who calls the kernels: the weights and priorities of
-    STEPS steps equal those under Inductor's Python wrapper exactly."""
+    STEPS steps equal those under Inductor's Python wrapper exactly.
+
+    Default-tier twin:
+    tests/test_compiled_loss.py::test_a_compiled_loss_trains_as_the_eager_one
+    """
     both = {"learn.compile_optimizer_step": True}
     python_wrapper = _core("muzero", "default", **{"learn.compile_cpp_wrapper": False, **both})
     cpp_wrapper = _core("muzero", "default", **both)

@@ -45,6 +45,8 @@ TINY = {
     "env.collector_env_num": 4, "env.evaluator_env_num": 2, "eval.n_episodes": 2, "eval.eval_freq": 25,
     "replay.game_segment_length": 20, "max_envstep": 200, "stop_value": None, "logging.quiet": True,
     "seed": SEED,
+    # an async trial's actors at a quarter CPU each: the trial (1 + 0.25 + 0.25) fits the test cluster
+    "policy.async_pipeline.collector_num_cpus": 0.25, "policy.async_pipeline.evaluator_num_cpus": 0.25,
 }
 # a smaller world model for the transformer types (their preset's E = 64 costs several times a step at 32)
 SMALLER = {t: {"policy.world_model_embed_dim": 32} for t in ("unizero", "sampled_unizero")}
@@ -143,39 +145,35 @@ def check_reevaluation_follows_the_weights(ckpt: dict, folder: str) -> None:
 # ------------------------------------------------------------------------------------- standalone async
 
 
-# The default test that runs each type's standalone async run with real actors (its snapshot loads); here
-# the same kind of run is checked exactly, by default only for the type that has none elsewhere.
-DEFAULT_ASYNC_RUN = {
-    "muzero": "test_async_pipeline.py::test_run_completes_trains_evaluates_and_writes_evaluated_snapshot",
-    "efficientzero": "test_policy_efficientzero.py::test_short_async_run_writes_loadable_snapshot",
-    "stochastic_muzero": "test_policy_stochastic_muzero.py::test_short_async_run_writes_loadable_snapshot",
-    "gumbel_muzero": "test_policy_gumbel_muzero.py::test_short_async_run",
-    "muzero_context": "test_policy_muzero_context.py::"
-                      "test_short_async_run_writes_a_loadable_evaluated_snapshot",
-    "muzero_rnn_full_obs": "test_policy_muzero_rnn.py::"
-                           "test_short_async_run_writes_a_loadable_evaluated_snapshot",
-    "unizero": "test_policy_unizero.py::test_short_async_run",
-    "sampled_efficientzero": "test_policy_sampled.py::test_short_async_run_on_pendulum",  # on Pendulum
-    "sampled_unizero": "test_policy_sampled_unizero.py::test_short_async_run_on_pendulum",  # on Pendulum
-}
+# The default test that proves each type's async run exactly (its async Tune trial: every checkpoint
+# re-evaluated, its weights the ones the evaluator actor hashed); the standalone run below is checked the
+# same way, by default only for sampled_muzero: the standalone reporter's checkpoints are the same for every
+# type, so one type's default case proves them.
+TUNE_CELL = "tests/test_every_policy_type.py::test_tune_trial_checkpoints_reevaluate_to_the_reported_reward"
+DEFAULT_ASYNC_RUN = {t: f"{TUNE_CELL}[async-{t}]" for t in TYPES if t != "sampled_muzero"}
 
 
 def test_each_default_async_run_named_here_exists_and_is_not_slow():
-    """The slow marks below lean on these tests: each must exist as named and run by default."""
-    import ast
+    """The slow marks below lean on these tests: each must exist as named and run by default (a parametrised
+    one: its case exists and is not slow)."""
+    from test_slow_marks import twin_problem
 
     assert set(DEFAULT_ASYNC_RUN) | {"sampled_muzero"} == set(TYPES)
-    for node_id in DEFAULT_ASYNC_RUN.values():
-        file, name = node_id.split("::")
-        with open(os.path.join(os.path.dirname(__file__), file)) as f:
-            tree = ast.parse(f.read())
-        (fn,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name]
-        assert not any("slow" in ast.unparse(d) for d in fn.decorator_list), node_id
+    problems = [twin_problem(node_id) for node_id in DEFAULT_ASYNC_RUN.values()]
+    assert problems == [None] * len(DEFAULT_ASYNC_RUN), problems
 
 
 @pytest.mark.parametrize("ptype", [
     pytest.param(t, marks=pytest.mark.slow) if t in DEFAULT_ASYNC_RUN else t for t in TYPES])
 def test_standalone_async_run_reevaluates_exactly(ptype, run_async, tmp_path):
+    """A standalone async run of the type's tiny preset: every checkpoint the standalone reporter wrote
+    re-evaluates exactly, its weights the ones the evaluator actor hashed (slow for the types in
+    DEFAULT_ASYNC_RUN).
+
+    Default-tier twin: the type's entry in DEFAULT_ASYNC_RUN (its async Tune trial, checked the same way) and
+    tests/test_every_policy_type.py::test_standalone_async_run_reevaluates_exactly[sampled_muzero] (the
+    standalone reporter's checkpoints, which are the same for every type).
+    """
     from muzero_tune.runs.checkpoint import eval_checkpoints
 
     over = {**preset_keys(ptype, TINY), **{k: TINY[k] for k in ("seed", "max_envstep", "eval.eval_freq")}}
@@ -205,7 +203,11 @@ def _type_value(table: dict, base: dict, key: str, config: dict):
 
 @pytest.fixture(scope="module")
 def type_sweep(ray_cluster, tmp_path_factory):
-    """One trial per (type, pipeline), 4 at a time, no MLflow: ``{(pipeline, type): ray.tune.Result}``."""
+    """One trial per (type, pipeline), no MLflow: ``{(pipeline, type): ray.tune.Result}``.
+
+    Tune reuses a finished trial's process for the next trial of the same shape (``reuse_actors``), so the
+    ten sync trials share processes, as the ten async trials' drivers do; each trial still re-evaluates
+    exactly, so a reused process carries nothing over from the trial it ran before."""
     from ray import tune
 
     from muzero_tune.tune.trainable import make_trainable
@@ -223,12 +225,20 @@ def type_sweep(ray_cluster, tmp_path_factory):
     tuner = tune.Tuner(
         make_trainable(make_config("cartpole_muzero", overrides=small), sweep_name="types", mlflow_uri=None),
         param_space=space,
-        tune_config=tune.TuneConfig(max_concurrent_trials=4),
+        tune_config=tune.TuneConfig(max_concurrent_trials=2, reuse_actors=True),
         run_config=tune.RunConfig(name="types", storage_path=storage, verbose=0),
     )
     results = tuner.fit()
     assert len(results) == 2 * len(TYPES)
     return {("async" if r.config[AP + "enabled"] else "sync", r.config["policy.type"]): r for r in results}
+
+
+def test_trials_of_one_shape_share_their_processes(type_sweep):
+    """Tune gave a finished trial's process to the next trial of the same shape (the sweep's
+    ``reuse_actors``), so the exact re-evaluations below also cover trials run in a used process."""
+    for pipeline in ("sync", "async"):
+        pids = {type_sweep[(pipeline, t)].metrics["pid"] for t in TYPES}
+        assert len(pids) < len(TYPES), (pipeline, pids)
 
 
 def _without_names(flat: dict) -> dict:

@@ -1,8 +1,9 @@
 """A ``MultiDiscrete`` action space taken by its factors: the env side (the factored spec and wrapper,
 ``env.multi_discrete_actions``, the one-line refusals), the factored head's joint log-probabilities, entropy
 and sampling against hand computations, the factored search's kernels against the plain-Python reference,
-and each sampled type training on ``FactorMatch-v0`` (32,768 combinations) through the sync and the async
-pipeline; ``-m slow``: one of them learns the env's rule."""
+and each sampled type training on ``FactorMatch-v0`` (32,768 combinations) through the sync pipeline and
+sampled_muzero through the async one; ``-m slow``: the other two through the async pipeline, and one type
+learns the env's rule."""
 
 from __future__ import annotations
 
@@ -301,10 +302,19 @@ def test_collected_segments_hold_factor_vectors_and_a_train_step_learns_from_the
         core.close()
 
 
-@pytest.mark.parametrize("ptype", SAMPLED_TYPES)
+@pytest.mark.parametrize("ptype", [t if t == "sampled_muzero" else pytest.param(t, marks=pytest.mark.slow)
+                                   for t in SAMPLED_TYPES])  # fmt: skip
 def test_each_sampled_type_trains_on_factors_async(ptype, run_async, tmp_path):
     """The Ray actors build FactorMatch from the config; no actor fails, and the buffer holds factor vectors
-    inside nvec."""
+    inside nvec (sampled_muzero by default: what crosses the actors' boundary, factor vectors in segments and
+    in sampled actions, is the same for every sampled type).
+
+    Default-tier twin: factor vectors across the actors' boundary,
+    tests/test_factored_actions.py::test_each_sampled_type_trains_on_factors_async[sampled_muzero]
+    and each type's factored training on the sync pipeline,
+    tests/test_factored_actions.py::test_each_sampled_type_trains_on_factors_sync[sampled_efficientzero]
+    tests/test_factored_actions.py::test_each_sampled_type_trains_on_factors_sync[sampled_unizero]
+    """
     run = run_async(tmp_path, {**TINY, "policy.type": ptype, "max_envstep": 160}, exp_name=ptype)
     assert run.summary.train_iter > 0 and run.summary.env_steps >= 160
     assert run.stats.collector_failures == 0 and run.stats.evaluator_failures == 0, run.stats.restart_reasons
@@ -316,7 +326,11 @@ def test_each_sampled_type_trains_on_factors_async(ptype, run_async, tmp_path):
 def test_sampled_muzero_learns_the_factor_rule(tmp_path):
     """FactorMatch with 4 cues: a uniform random policy returns 1.0 an episode (0.15 the standard error of an
     8-episode mean), the rule 8.0. 16,000 env steps of sampled_muzero with K = 8 reached 2.15 at the last
-    evaluation on seed 0 (about a minute)."""
+    evaluation on seed 0 (about a minute).
+
+    Default-tier twin: the same type and env trained on the sync pipeline,
+    tests/test_factored_actions.py::test_each_sampled_type_trains_on_factors_sync[sampled_muzero]
+    """
     from muzero_tune.api import train
     from muzero_tune.runs.reporter import MemoryReporter
 

@@ -22,6 +22,9 @@ SMALL = {
     "model.hidden_dim": 32, "model.latent_dim": 16, "mcts.num_simulations": 4, "learn.batch_size": 32,
     "env.collector_env_num": 4, "env.evaluator_env_num": 2, "eval.n_episodes": 2, "eval.eval_freq": 20,
     "replay.game_segment_length": 20, "logging.quiet": True, "stop_value": None,
+    # a run with its actors and two learners fits the test cluster: 1 + 0.25 + 0.25 + 2 x 0.5 CPUs
+    "policy.async_pipeline.collector_num_cpus": 0.25, "policy.async_pipeline.evaluator_num_cpus": 0.25,
+    "learn.learner_resources": {"CPU": 0.5},
 }  # fmt: skip
 # float32 sums over 32 rows, or over two 16-row halves averaged by the all-reduce, differ in their last bits;
 # after Adam's steps the parameters, its moments and the priorities agree to these
@@ -75,7 +78,7 @@ def test_two_learners_on_half_batches_match_one_learner_on_the_whole(ray_cluster
     base = make_config("cartpole_muzero", overrides={**SMALL, "learn.target_update_interval": 3})
     cfg2 = make_config("cartpole_muzero", overrides={**SMALL, "learn.target_update_interval": 3,
                                                      "learn.num_learners": 2})  # fmt: skip
-    assert bundles(cfg2) == [{"CPU": 1.0}, {"CPU": 1.0}, {"CPU": 1.0}]
+    assert bundles(cfg2) == [{"CPU": 1.0}, {"CPU": 0.5}, {"CPU": 0.5}]
     placement = standalone_placement(cfg2, learner_on_gpu=False, timeout_s=60)
     one = DriverCore(base, MemoryReporter())
     two = _group_core(cfg2, placement)
@@ -110,7 +113,7 @@ def test_a_run_with_two_learners_trains_and_resumes_in_process(pipeline, ray_clu
     from muzero_tune.runs.checkpoint import find_checkpoint
     from muzero_tune.runs.reporter import default_reporter
 
-    over = {**SMALL, "learn.num_learners": 2, "max_envstep": 400, "logging.output_dir": str(tmp_path),
+    over = {**SMALL, "learn.num_learners": 2, "max_envstep": 200, "logging.output_dir": str(tmp_path),
             "exp_name": pipeline, "policy.async_pipeline.enabled": pipeline == "async",
             "policy.async_pipeline.num_collector_actors": 1, "logging.mlflow": False}  # fmt: skip
     cfg = make_config("cartpole_muzero", overrides=over)
@@ -118,7 +121,7 @@ def test_a_run_with_two_learners_trains_and_resumes_in_process(pipeline, ray_clu
     assert summary.train_iter > 0 and summary.evals and np.isfinite(summary.evals[-1]["reward_mean"])
     ckpt = find_checkpoint(os.path.join(str(tmp_path), pipeline)).checkpoint
     resumed = train(
-        make_config("cartpole_muzero", overrides={**over, "learn.num_learners": 0, "max_envstep": 600,
+        make_config("cartpole_muzero", overrides={**over, "learn.num_learners": 0, "max_envstep": 300,
                                                   "learn.resume_warmup_transitions": 32}),
         reporter=MemoryReporter(), resume_from=ckpt,
     )  # fmt: skip
@@ -151,6 +154,8 @@ TINY = {
     "eval.n_episodes": 1, "eval.eval_freq": 10, "replay.game_segment_length": 20, "max_envstep": 120,
     "stop_value": None, "logging.quiet": True, "learn.num_learners": 2,
     "policy.async_pipeline.num_collector_actors": 1,
+    "policy.async_pipeline.collector_num_cpus": 0.25, "policy.async_pipeline.evaluator_num_cpus": 0.25,
+    "learn.learner_resources": {"CPU": 0.5},
 }  # fmt: skip
 
 
@@ -175,7 +180,12 @@ def test_every_policy_type_trains_with_two_learners_async(policy_type, ray_clust
     """Each type's CartPole preset on the async pipeline with 2 learners: its loss runs under DDP (its
     extra state -- LSTM, chance codes, transformer caches, sampled actions -- on the learners' side) while
     Ray actors collect and evaluate; the run trains and evaluates (muzero and unizero in the default suite,
-    the other eight with ``-m slow``)."""
+    the other eight with ``-m slow``).
+
+    Default-tier twin:
+    tests/test_learner_group.py::test_every_policy_type_trains_with_two_learners_async[muzero]
+    tests/test_learner_group.py::test_every_policy_type_trains_with_two_learners_async[unizero]
+    """
     _trains_with_two_learners(policy_type, asynchronous=True)
 
 
@@ -183,7 +193,12 @@ def test_every_policy_type_trains_with_two_learners_async(policy_type, ray_clust
 @pytest.mark.parametrize("policy_type", list(POLICY_CLASSES))
 def test_every_policy_type_trains_with_two_learners_sync(policy_type, ray_cluster):
     """The same on the sync pipeline (its learner side is the async one's; the default suite runs it for
-    muzero through the resume test)."""
+    muzero through the resume test).
+
+    Default-tier twin:
+    tests/test_learner_group.py::test_a_run_with_two_learners_trains_and_resumes_in_process[sync]
+    tests/test_learner_group.py::test_every_policy_type_trains_with_two_learners_async[unizero]
+    """
     _trains_with_two_learners(policy_type, asynchronous=False)
 
 
@@ -195,7 +210,8 @@ def test_a_tune_trial_reserves_and_uses_the_learner_bundles(ray_cluster, tmp_pat
 
     over = {**TINY, "tune.storage_path": str(tmp_path), "tune.mlflow": False, "max_envstep": 200}
     cfg = make_config("cartpole_muzero", overrides={**over, "policy.async_pipeline.enabled": True})
-    assert placement_group_factory(cfg).bundles == [{"CPU": 1.0}] * 5
+    assert placement_group_factory(cfg).bundles == [{"CPU": 1.0}, {"CPU": 0.25}, {"CPU": 0.25}, {"CPU": 0.5},
+                                                    {"CPU": 0.5}]
     res = run_sweep("quickstart", name="learners", overrides=over,
                     param_space_extra={"policy.async_pipeline.enabled": True, "seed": 0})  # fmt: skip
     (trial,) = list(res.results)

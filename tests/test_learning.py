@@ -181,6 +181,12 @@ def _reaches_threshold(preset, seed, max_envsteps, wall_guard_s, output_dir, **o
 @pytest.mark.slow
 @pytest.mark.parametrize("preset,seed,max_envsteps,wall_guard_s", _goal_params())
 def test_preset_reaches_its_threshold(preset, seed, max_envsteps, wall_guard_s, tmp_path):
+    """The proof this slow check makes at full size.
+
+    Default-tier twin:
+    tests/test_user_envs.py::test_a_users_module_env_trains_to_its_goal[sync]
+    tests/test_learning.py::test_every_goal_preset_exists_and_stops_at_its_threshold
+    """
     _reaches_threshold(preset, seed, max_envsteps, wall_guard_s, tmp_path)
 
 
@@ -190,7 +196,12 @@ def test_preset_reaches_its_threshold(preset, seed, max_envsteps, wall_guard_s, 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_a_compiled_loss_reaches_cartpoles_threshold(seed, tmp_path):
     """``learn.compile`` sums in another order than the eager step, so its runs take paths of their own:
-    they reach the goal as the eager ones do (the wall guard includes a compile from an empty cache)."""
+    they reach the goal as the eager ones do (the wall guard includes a compile from an empty cache).
+
+    Default-tier twin:
+    tests/test_compiled_loss.py::test_a_compiled_loss_trains_as_the_eager_one
+    tests/test_user_envs.py::test_a_users_module_env_trains_to_its_goal[sync]
+    """
     rep = _reaches_threshold("cartpole_muzero", seed, CARTPOLE[0], WALL_GUARD * CARTPOLE[1], tmp_path,
                              **{"learn.compile": "default"})
     assert any("train/compile_s" in row for row in rep.progress), "the loss ran eager: it did not compile"

@@ -385,7 +385,8 @@ def test_an_async_checkpoint_restores_what_the_driver_held_and_the_resumed_run_c
 ):
     from muzero_tune.distributed.async_driver import train_muzero_segment_async
 
-    cfg = async_config(tmp_path, {"max_envstep": 240, "eval.eval_freq": 10, "tune.save_replay_buffer": True})
+    # 120 env steps: about 20 train steps before the second evaluation's checkpoint
+    cfg = async_config(tmp_path, {"max_envstep": 120, "eval.eval_freq": 10, "tune.save_replay_buffer": True})
     path = str(tmp_path / "eval_2.pt")
     probe: list = []
     rep = CheckpointAndRecord(path, 2, probe, to_flat_dict(cfg))

@@ -1,10 +1,9 @@
 """EfficientZero policy: value-prefix search against a plain-Python reference, value-prefix targets on a
-hand-computed case, the LSTM reset in the loss, and short sync / async / Tune runs with loadable snapshots.
+hand-computed case, the LSTM reset in the loss, the conv variant. Its sync and async runs: its Tune trials in
+tests/test_every_policy_type.py, every checkpoint re-evaluated exactly.
 """
 
 from __future__ import annotations
-
-import os
 
 import numpy as np
 import pytest
@@ -25,15 +24,6 @@ from muzero_tune.policies.muzero import MuZeroPolicy, soft_cross_entropy
 from muzero_tune.policies.registry import get_policy_class
 from muzero_tune.replay.buffer import SampledIndices
 from muzero_tune.replay.segment import GameSegment
-from muzero_tune.runs.checkpoint import latest_checkpoint, load_policy
-
-SMALL = {
-    "model.hidden_dim": 32, "model.latent_dim": 16, "mcts.num_simulations": 4, "learn.batch_size": 32,
-    "env.collector_env_num": 4, "env.evaluator_env_num": 2, "eval.n_episodes": 2, "eval.eval_freq": 20,
-    "replay.game_segment_length": 20, "max_envstep": 400, "stop_value": None, "logging.quiet": True,
-    "policy.lstm_horizon_len": 2,  # K = 5 unroll steps: resets inside every unroll and deep in the search
-    "policy.lstm_hidden_size": 16,
-}
 
 
 def tiny_policy(**overrides) -> tuple[EfficientZeroPolicy, torch.nn.Module]:
@@ -268,40 +258,10 @@ def test_conv_variant_searches_and_trains():
     assert model.value_prefix_head[-1].weight.grad.abs().sum() > 0 and model.lstm.weight_hh.grad is not None
 
 
-# ---------------------------------------------------------------------------------------------- pipelines
+# ---------------------------------------------------------------------------------------------- registry
 
 
-def _check_snapshot(run_dir: str, summary) -> None:
-    path = latest_checkpoint(run_dir)
-    ckpt = torch.load(path, weights_only=True)
-    assert ckpt["evaluated"]["version"] == summary.evals[-1]["train_iter"] > 0
-    assert any(k.startswith("lstm.") for k in ckpt["evaluated"]["weights"])
-    cfg, policy, model, _ = load_policy(path)
-    assert cfg.policy.type == "efficientzero" and isinstance(policy, EfficientZeroPolicy)
-    act = policy.act(model, np.zeros((2, 4), np.float32), np.ones((2, 2), bool), explore=False,
-                     temperature=0.0, rng=np.random.default_rng(0))
-    assert act.actions.shape == (2,) and np.isfinite(act.root_value).all()
-
-
-def test_registry_and_short_sync_run_writes_loadable_snapshot(tmp_path):
-    from muzero_tune.pipeline.sync_driver import train_muzero_segment
-
+def test_registered():
+    """The registry's ``efficientzero`` is this policy (its sync and async runs: the type's Tune trials in
+    tests/test_every_policy_type.py, every checkpoint re-evaluated exactly)."""
     assert get_policy_class("efficientzero") is EfficientZeroPolicy
-    cfg = make_config("cartpole_efficientzero",
-                      overrides={**SMALL, "logging.output_dir": str(tmp_path), "exp_name": "s"})
-    summary = train_muzero_segment(cfg)
-    assert summary.stop_reason == "max_envstep" and summary.train_iter > 0 and summary.evals
-    _check_snapshot(os.path.join(str(tmp_path), "s"), summary)
-
-
-def test_short_async_run_writes_loadable_snapshot(ray_cluster, tmp_path, async_small):
-    from muzero_tune.distributed.async_driver import train_muzero_segment_async
-
-    cfg = make_config("cartpole_efficientzero", overrides={
-        **async_small, "policy.lstm_horizon_len": 2, "policy.lstm_hidden_size": 16,
-        "logging.output_dir": str(tmp_path), "exp_name": "a"})
-    assert cfg.policy.async_pipeline.enabled
-    summary = train_muzero_segment_async(cfg)
-    assert summary.stop_reason == "max_envstep" and summary.train_iter > 0 and summary.evals
-    _check_snapshot(os.path.join(str(tmp_path), "a"), summary)
-

@@ -1,12 +1,10 @@
 """Gumbel MuZero: the kernel search against the plain-Python reference and against hand-computed values
 (Gumbel-top-k, the sequential-halving visit schedule, per-node completed Q, improved policy, selected action),
-the improved policy as the buffer's policy target, and short sync / async / Tune runs of the policy type.
-tests/test_gumbel_vs_mctx.py checks the same search against mctx."""
+and the improved policy as the buffer's policy target. tests/test_gumbel_vs_mctx.py checks the same search
+against mctx; the type's sync and async runs are its Tune trials in tests/test_every_policy_type.py, every
+checkpoint re-evaluated exactly."""
 
 from __future__ import annotations
-
-import math
-import os
 
 import numpy as np
 import pytest
@@ -19,7 +17,6 @@ from muzero_tune.mcts.reference import reference_gumbel_search
 from muzero_tune.pipeline.core import make_policy
 from muzero_tune.replay.buffer import ReplayBuffer
 from muzero_tune.replay.segment import GameSegment
-from muzero_tune.runs.checkpoint import latest_checkpoint, load_policy
 
 PRESET = "cartpole_gumbel_muzero"
 SMALL = {
@@ -359,39 +356,3 @@ def test_buffer_returns_stored_improved_policy_as_policy_target():
     assert not np.array_equal(seg.stats["improved_policy"][t], before[0][t])
     np.testing.assert_array_equal(batch.target_policy[0, 0], seg.stats["improved_policy"][t])
     np.testing.assert_allclose(seg.stats["child_visits"][t].sum(), 1.0, rtol=1e-6)
-
-
-# ---------------------------------------------------------------------------------------------- runs
-
-
-def _check_snapshot(run_dir: str) -> None:
-    path = latest_checkpoint(run_dir)
-    ckpt = torch.load(path, weights_only=True)
-    assert ckpt["evaluated"]["weights"]
-    cfg, policy, model, _ = load_policy(path)
-    assert cfg.policy.type == "gumbel_muzero" and type(policy).__name__ == "GumbelMuZeroPolicy"
-    obs = np.zeros((3, 4), np.float32)
-    act = policy.act(
-        model, obs, np.ones((3, 2), bool), explore=False, temperature=0.0, rng=np.random.default_rng(0)
-    )
-    assert act.actions.shape == (3,) and set(act.step_stats) >= {"improved_policy", "child_visits"}
-    np.testing.assert_allclose(act.step_stats["improved_policy"].sum(1), 1.0, rtol=1e-5)
-
-
-def test_short_sync_run(tmp_path):
-    from muzero_tune.pipeline.sync_driver import train_muzero_segment
-
-    cfg = make_config(PRESET, overrides={**SMALL, "logging.output_dir": str(tmp_path), "exp_name": "g"})
-    summary = train_muzero_segment(cfg)
-    assert summary.stop_reason == "max_envstep" and summary.train_iter > 0 and summary.evals
-    assert all(math.isfinite(e["reward_mean"]) for e in summary.evals)
-    _check_snapshot(os.path.join(str(tmp_path), "g"))
-
-
-def test_short_async_run(run_async, tmp_path):
-    run = run_async(
-        tmp_path, {"policy.type": "gumbel_muzero", "mcts.num_simulations": 6}, exp_name="ga", standalone=True
-    )
-    assert run.summary.train_iter > 0 and run.summary.env_steps >= 400
-    _check_snapshot(run.run_dir)
-

@@ -2,27 +2,22 @@
 
 Acting is checked on scripted act() sequences against the model called directly (the root each search is
 given is recorded by wrapping the search's ``run``); the search against the plain-Python reference from
-the same root; the pipelines on tiny sync, async and Tune runs.
+the same root. The type's sync and async runs: its Tune trials in tests/test_every_policy_type.py, every
+checkpoint re-evaluated exactly.
 """
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
-import pytest
 import torch
 
 from muzero_tune.config import make_config
 from muzero_tune.mcts.reference import reference_search
 from muzero_tune.models.support import logits_to_scalar_np
-from muzero_tune.pipeline.core import EVAL_SEED_OFFSET, make_policy, setup_torch_threads
-from muzero_tune.pipeline.evaluator import Evaluator
-from muzero_tune.pipeline.sync_driver import train_muzero_segment
+from muzero_tune.pipeline.core import make_policy, setup_torch_threads
 from muzero_tune.policies.muzero import MuZeroPolicy
 from muzero_tune.policies.muzero_context import CarriedActState, MuZeroContextPolicy
 from muzero_tune.policies.registry import get_policy_class
-from muzero_tune.runs.checkpoint import latest_checkpoint, load_policy
 
 PRESET = "cartpole_muzero_context"
 SMALL = {
@@ -188,31 +183,3 @@ def test_search_from_a_carried_root_matches_the_reference_search():
     np.testing.assert_array_equal(out.step_stats["child_visits"], ref.visit_distribution)
     np.testing.assert_allclose(out.root_value, ref.root_value, rtol=1e-5, atol=1e-6)
     assert ref.visit_counts.sum() == 3 * 24 and (ref.visit_counts > 0).sum() > 3  # a real search
-
-
-# ---------------------------------------------------------------------------------------------- pipelines
-
-
-def _check_snapshot(run_dir: str) -> None:
-    path = latest_checkpoint(run_dir)
-    ckpt = torch.load(path, weights_only=True)
-    assert ckpt["config"]["policy.type"] == "muzero_context"
-    cfg, policy, model, _ = load_policy(path)
-    assert isinstance(policy, MuZeroContextPolicy)
-    evaluator = Evaluator(cfg, policy, policy.spec, seed=cfg.seed + EVAL_SEED_OFFSET)
-    res = evaluator.evaluate(model, policy_version=ckpt["evaluated"]["version"])
-    assert res.reward_mean == pytest.approx(ckpt["evaluated"]["metrics"]["reward_mean"])
-
-
-def test_short_sync_run_writes_a_loadable_evaluated_snapshot(tmp_path):
-    cfg = make_config(PRESET, overrides={**SMALL, "logging.output_dir": str(tmp_path), "exp_name": "s"})
-    summary = train_muzero_segment(cfg)
-    assert summary.stop_reason == "max_envstep" and summary.train_iter > 0 and summary.evals
-    _check_snapshot(os.path.join(str(tmp_path), "s"))
-
-
-def test_short_async_run_writes_a_loadable_evaluated_snapshot(run_async, tmp_path):
-    run = run_async(tmp_path, {"policy.type": "muzero_context"}, standalone=True)  # writes checkpoints
-    assert run.summary.env_steps >= 400 and run.summary.train_iter > 0
-    _check_snapshot(run.run_dir)
-

@@ -3,12 +3,11 @@
 Checks: h enters prediction and dynamics; acting carries h and resets it every context_length_init steps;
 the packed search equals the reference search run with an independently written unpacking recurrent_fn;
 the targets of a hand-built case; the learner's reconstructed root history equals what the collector
-searched with; tiny sync, async and Tune runs.
+searched with. The type's sync and async runs: its Tune trials in tests/test_every_policy_type.py, every
+checkpoint re-evaluated exactly.
 """
 
 from __future__ import annotations
-
-import os
 
 import numpy as np
 import pytest
@@ -20,14 +19,11 @@ from muzero_tune.mcts.reference import reference_search
 from muzero_tune.models import logits_to_scalar_np
 from muzero_tune.models.rnn_net import RNNMuZeroNet
 from muzero_tune.pipeline.collector import SegmentCollector
-from muzero_tune.pipeline.core import EVAL_SEED_OFFSET, make_policy, setup_torch_threads
-from muzero_tune.pipeline.evaluator import Evaluator
-from muzero_tune.pipeline.sync_driver import train_muzero_segment
+from muzero_tune.pipeline.core import make_policy, setup_torch_threads
 from muzero_tune.policies import muzero_rnn as mr
 from muzero_tune.policies.registry import get_policy_class
 from muzero_tune.replay.buffer import ReplayBuffer, SampledIndices
 from muzero_tune.replay.segment import GameSegment
-from muzero_tune.runs.checkpoint import latest_checkpoint, load_policy
 
 PRESET = "cartpole_muzero_rnn_full_obs"
 SMALL = {
@@ -334,32 +330,3 @@ def test_learner_root_history_equals_what_the_collector_searched_with():
     out = policy.compute_loss(model, batch, train_iter=0)
     out.loss.backward()
     assert model.gru.weight_ih.grad.abs().sum() > 0 and model.history_in.weight.grad.abs().sum() > 0
-
-
-# ---------------------------------------------------------------------------------------------- pipelines
-
-
-def _check_snapshot(run_dir: str) -> None:
-    path = latest_checkpoint(run_dir)
-    ckpt = torch.load(path, weights_only=True)
-    assert ckpt["config"]["policy.type"] == "muzero_rnn_full_obs"
-    assert any(k.startswith("gru.") for k in ckpt["evaluated"]["weights"])
-    cfg, policy, model, _ = load_policy(path)
-    assert isinstance(policy, mr.MuZeroRNNFullObsPolicy)
-    res = Evaluator(cfg, policy, policy.spec, seed=cfg.seed + EVAL_SEED_OFFSET).evaluate(model)
-    assert res.reward_mean == pytest.approx(ckpt["evaluated"]["metrics"]["reward_mean"])
-
-
-def test_short_sync_run_writes_a_loadable_evaluated_snapshot(tmp_path):
-    cfg = make_config(PRESET, overrides={**SMALL, "logging.output_dir": str(tmp_path), "exp_name": "s"})
-    summary = train_muzero_segment(cfg)
-    assert summary.stop_reason == "max_envstep" and summary.train_iter > 0 and summary.evals
-    _check_snapshot(os.path.join(str(tmp_path), "s"))
-
-
-def test_short_async_run_writes_a_loadable_evaluated_snapshot(run_async, tmp_path):
-    run = run_async(tmp_path, {"policy.type": "muzero_rnn_full_obs", "policy.rnn_hidden_size": H},
-                    standalone=True)  # standalone: the default reporter writes checkpoints
-    assert run.summary.env_steps >= 400 and run.summary.train_iter > 0
-    _check_snapshot(run.run_dir)
-

@@ -1,8 +1,9 @@
 """sampled_unizero: UniZero with the sampled search. A hand-computed loss (continuous and discrete sampled
 policy terms inside UniZero's loss, the entropy bonus counted once), fixed-shape sampled-action batches,
 reanalyze writing both statistics back, KV-cache exactness (cached == uncached acting) and invalidation (new
-weights mid-episode) with the sampled heads, and short sync / async / Tune runs on Pendulum whose checkpoints
-re-evaluate to their reported reward."""
+weights mid-episode) with the sampled heads, and a short sync run on Pendulum (continuous actions) whose
+checkpoint re-evaluates to its reported reward. Its sync and async runs on CartPole: its Tune trials in
+tests/test_every_policy_type.py."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from muzero_tune.policies.unizero import TARGET_LATENT
 from muzero_tune.replay.buffer import ReplayBuffer, SampledIndices
 from muzero_tune.replay.segment import GameSegment, SegmentBuilder
 from muzero_tune.replay.targets import TrainBatch, past_steps, reanalyze_positions
-from muzero_tune.runs.checkpoint import latest_checkpoint, load_policy
+from muzero_tune.runs.checkpoint import latest_checkpoint, load_checkpoint
 from tests.oracles import unizero_loss as oracle
 
 PRESET = "pendulum_sampled_unizero"
@@ -349,13 +350,17 @@ def test_bootstrap_values_and_reanalyze_roots_are_the_acting_roots_with_continuo
 
 
 def _check_snapshot(run_dir: str) -> None:
+    """The run's latest checkpoint evaluated again (:func:`muzero_tune.api.evaluate`: its evaluation seed and
+    episode count) gives exactly the reward it reported."""
+    from muzero_tune.api import evaluate
+
     path = latest_checkpoint(run_dir)
-    ckpt = torch.load(path, weights_only=True)
-    assert ckpt["config"]["policy.type"] == "sampled_unizero"
-    cfg, policy, model, _ = load_policy(path)
-    evaluator = Evaluator(cfg, policy, policy.spec, seed=cfg.seed + EVAL_SEED_OFFSET)
-    res = evaluator.evaluate(model, policy_version=ckpt["evaluated"]["version"])
-    assert res.reward_mean == pytest.approx(ckpt["evaluated"]["metrics"]["reward_mean"])
+    ckpt = load_checkpoint(path)
+    assert (ckpt["config"]["policy.type"], ckpt["config"]["env.env_id"]) == ("sampled_unizero", "Pendulum-v1")
+    metrics = ckpt["evaluated"]["metrics"]
+    again = evaluate(path)
+    assert again.version == ckpt["evaluated"]["version"] > 0
+    assert (again.reward_mean, again.reward_std) == (metrics["reward_mean"], metrics["reward_std"])
 
 
 def test_short_sync_run_on_pendulum(tmp_path):
@@ -363,31 +368,23 @@ def test_short_sync_run_on_pendulum(tmp_path):
 
     cfg = make_config(PRESET, overrides={**SMALL, "logging.output_dir": str(tmp_path), "exp_name": "s",
                                          "replay.buffer_reanalyze_freq": 1.0, "replay.reanalyze_ratio": 0.25,
-                                         "replay.reanalyze_batch_size": 8})  # fmt: skip
+                                         "replay.reanalyze_batch_size": 8, "max_envstep": 160})  # fmt: skip
     summary = train_muzero_segment(cfg)
     assert summary.stop_reason == "max_envstep" and summary.train_iter > 0 and summary.evals
     assert all(-900 < e["reward_mean"] <= 0 for e in summary.evals)  # 50-step Pendulum returns
     _check_snapshot(os.path.join(str(tmp_path), "s"))
 
 
-def test_short_async_run_on_pendulum(run_async, tmp_path):
-    over = {
-        **SMALL,
-        "env.env_id": "Pendulum-v1",
-        "policy.type": "sampled_unizero",
-        "model.reward_support_size": 10,
-        "eval.eval_freq": 200,
-    }
-    run = run_async(tmp_path, over, exp_name="sua", standalone=True)
-    assert run.summary.train_iter > 0 and run.summary.env_steps >= 400
-    _check_snapshot(run.run_dir)
-
-
-# slow: the Tune trainable never looks at the policy type; test_tune.py runs it end to end (sync and
-# async sweeps, checkpoints evaluated again), test_policy_sampled.py a one-trial sweep of a non-default
-# policy on Pendulum, and this policy's own short sync and async runs above write and load its checkpoint
 @pytest.mark.slow
 def test_one_trial_tune_run_on_pendulum(ray_cluster, tmp_path):
+    """A one-trial Tune sweep of the Pendulum preset: its checkpoint loads and re-evaluates to its reported
+    reward. The Tune trainable never looks at the policy type or the env.
+
+    Default-tier twin: this type through a Tune trial, every checkpoint re-evaluated exactly,
+    tests/test_every_policy_type.py::test_tune_trial_checkpoints_reevaluate_to_the_reported_reward[sync-sampled_unizero]
+    and this preset on Pendulum, its checkpoint re-evaluated,
+    tests/test_policy_sampled_unizero.py::test_short_sync_run_on_pendulum
+    """
     cfg = make_config(PRESET, overrides={**SMALL, "tune.storage_path": str(tmp_path)})
     result = fit_one_trial(cfg, tmp_path)
     assert result.metrics["train_iter"] > 0

@@ -1,9 +1,9 @@
 """Integration: the Ray Tune layer (trainable, sweeps, OptunaSearch, MLflow runs, compare) on tiny trials.
 
-All trials run in the session's in-process Ray cluster (``ray_cluster``: 8 logical CPUs). Every assertion is
-on an invariant of the runs -- placement, counters, equalities between what was reported, checkpointed and
-logged -- never on rewards or timings. Every policy type's sync and async trial, each checkpoint evaluated
-again: ``test_every_policy_type.py``.
+All trials run in the session's in-process Ray cluster (``ray_cluster``: ``RAY_TEST_CPUS`` logical CPUs).
+Every assertion is on an invariant of the runs -- placement, counters, equalities between what was
+reported, checkpointed and logged -- never on rewards or timings. Every policy type's sync and async trial,
+each checkpoint evaluated again: ``test_every_policy_type.py``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,9 @@ def tiny(storage, **extra) -> dict:
         "model.hidden_dim": 32, "model.latent_dim": 16, "mcts.num_simulations": 4, "learn.batch_size": 32,
         "env.collector_env_num": 4, "env.evaluator_env_num": 2, "eval.n_episodes": 2, "eval.eval_freq": 20,
         "replay.game_segment_length": 20, "max_envstep": 600, "stop_value": None, "logging.quiet": True,
-        "tune.storage_path": str(storage), **extra,
+        "tune.storage_path": str(storage),
+        # an async trial is 1 + 0.25 + 0.25 CPUs: two fit the test cluster side by side
+        AP + "collector_num_cpus": 0.25, AP + "evaluator_num_cpus": 0.25, **extra,
     }
 
 
@@ -91,8 +93,9 @@ def fail_once_trainable(flag: str, fail_after_reports: int, **run_trial_kwargs):
 
 @pytest.fixture(scope="module")
 def async_sweep(ray_cluster, tmp_path_factory):
-    """The ``quickstart`` sync-vs-async sweep, tiny: 4 trials (sync, async x seeds 0, 1) run concurrently
-    through ``run_sweep``; each async trial has 1 collector + 1 evaluator (2 x 1 + 2 x 3 = the 8 CPUs)."""
+    """The ``quickstart`` sync-vs-async sweep, tiny: 4 trials (sync, async x seeds 0, 1) through
+    ``run_sweep``, all four side by side: each async trial has 1 collector + 1 evaluator at 0.25 CPU each
+    (1 + 1 + 1.5 + 1.5 = the test cluster's 5 CPUs)."""
     from muzero_tune.tune.sweep import run_sweep
 
     storage = tmp_path_factory.mktemp("tune_async")
@@ -166,10 +169,10 @@ def test_async_trials_run_concurrently_with_their_actors_in_their_own_bundles(as
     # the two trials ran at the same time (both placement groups were live together)
     (a0, a1), (b0, b1) = spans
     assert a0 <= b1 and b0 <= a1
-    # the cluster knows both groups: 3 one-CPU bundles, PACK (Tune removes them when the trials end)
+    # the cluster knows both groups: the driver's bundle and the actors' (Tune removes them when trials end)
     table = ray_cluster.util.placement_group_table()
     for pg in (pg_a, pg_b):
-        assert table[pg]["bundles"] == {0: {"CPU": 1.0}, 1: {"CPU": 1.0}, 2: {"CPU": 1.0}}
+        assert table[pg]["bundles"] == {0: {"CPU": 1.0}, 1: {"CPU": 0.25}, 2: {"CPU": 0.25}}
         assert table[pg]["strategy"] == "PACK"
 
 
@@ -266,11 +269,11 @@ def test_optuna_sweep_over_the_policy_lag_space_runs_its_trials_to_completion(ra
     from muzero_tune.tune.sweep import run_sweep
 
     # 50 train steps: 2 reports + the final one; MLflow's logging is checked on the other sweeps
-    res = run_sweep("policy_lag_optuna", samples=3, max_concurrent=2, name="optuna",
+    res = run_sweep("policy_lag_optuna", samples=2, max_concurrent=2, name="optuna",
                     overrides=tiny(tmp_path, max_envstep=200, **{"tune.mlflow": False}))
     results = res.results
-    assert len(results) == 3
-    assert results.num_errors == 0 and results.num_terminated == 3
+    assert len(results) == 2
+    assert results.num_errors == 0 and results.num_terminated == 2
     for r in results:
         assert r.error is None and r.metrics["eval_index"] >= 1
         assert r.config[AP + "weight_sync_interval"] in (1, 2, 4, 8, 16, 32)
@@ -441,6 +444,11 @@ def test_compare_logs_to_its_own_experiment_and_prints_the_chart_view_url(async_
 
 @pytest.mark.slow
 def test_dashboard_snapshot_saves_the_runs_and_chart_views_as_pngs(async_sweep, tmp_path):
+    """The proof this slow check makes at full size.
+
+    Default-tier twin:
+    tests/test_tune.py::test_sweep_experiment_opens_as_model_training_with_a_description_and_a_grouped_view
+    """
     import shutil
     import subprocess
     import sys
@@ -522,11 +530,12 @@ def test_out_of_range_search_value_is_a_config_error(bad, tmp_path):
 def test_placement_that_cannot_fit_the_cluster_is_a_config_error(ray_cluster, tmp_path):
     from muzero_tune.tune.sweep import run_sweep
 
-    assert ray_cluster.cluster_resources()["CPU"] == 8
+    have = ray_cluster.cluster_resources()["CPU"]
     with pytest.raises(ConfigError) as e:
-        run_sweep("policy_lag_grid", overrides=tiny(tmp_path, **{AP + "num_collector_actors": 64}))
+        run_sweep("policy_lag_grid", overrides=tiny(tmp_path, **{
+            AP + "num_collector_actors": 64, AP + "collector_num_cpus": 1.0, AP + "evaluator_num_cpus": 1.0}))
     msg = str(e.value)
-    assert "placement" in msg and "66 CPU" in msg and "has 8" in msg and "num_collector_actors" in msg
+    assert "placement" in msg and "66 CPU" in msg and f"has {have:g}" in msg and "num_collector_actors" in msg
     _no_trial_started(tmp_path)
 
 
@@ -618,4 +627,4 @@ def test_learner_threads_are_reserved_in_bundle_0(tmp_path):
     asyn = make_config("cartpole_muzero", overrides=tiny(tmp_path, **two, **{AP + "enabled": True}))
     assert trial_bundles(sync, cluster_gpus=0.0) == [{"CPU": 2.0}]
     assert trial_bundles(asyn, cluster_gpus=0.0)[0] == {"CPU": 2.0}
-    assert all(b == {"CPU": 1.0} for b in trial_bundles(asyn, cluster_gpus=0.0)[1:])
+    assert all(b == {"CPU": 0.25} for b in trial_bundles(asyn, cluster_gpus=0.0)[1:])  # tiny()'s actors

@@ -120,14 +120,16 @@ def test_a_users_module_env_trains_to_its_goal(pipeline, ray_cluster, tmp_path):
 
 
 def test_a_users_module_env_in_a_tune_trial(ray_cluster, tmp_path):
+    """The trial's process imports the user's module and builds the env (a sync trial: actors building it
+    are the async run above)."""
     from muzero_tune.tune.sweep import run_sweep
 
     res = run_sweep("quickstart", name="user_env", overrides={
         **USER_RUN, "tune.storage_path": str(tmp_path), "tune.mlflow": False, "stop_value": None,
-        "max_envstep": 400,
-    }, param_space_extra={"policy.async_pipeline.enabled": True, "seed": 0})  # fmt: skip
+        "max_envstep": 200,
+    }, param_space_extra={"policy.async_pipeline.enabled": False, "seed": 0})  # fmt: skip
     (trial,) = list(res.results)
-    assert trial.error is None and trial.config["policy.async_pipeline.enabled"] is True
+    assert trial.error is None and trial.config["policy.async_pipeline.enabled"] is False
     assert trial.metrics["eval_index"] >= 1 and "reward_mean" in trial.metrics
     from muzero_tune.runs.checkpoint import find_checkpoint
 
@@ -173,7 +175,8 @@ def test_the_docs_example_runs_as_written(tmp_path, monkeypatch, capsys):
 
 def test_an_env_creator_registered_from_python_reaches_actors_and_trials(ray_cluster, tmp_path):
     """``register_env(id, creator)`` with a closure (no importable module): the sync driver, the async
-    pipeline's actors and a Tune trial all build it."""
+    pipeline's actors and a Tune trial's process all build it (short runs: learning on such an env is the
+    module env's goal runs above)."""
     from muzero_tune.api import train
     from muzero_tune.envs import register_env
     from muzero_tune.runs.reporter import MemoryReporter
@@ -182,19 +185,20 @@ def test_an_env_creator_registered_from_python_reaches_actors_and_trials(ray_clu
 
     steps = 20  # captured by the closure: only a pickled closure carries it to other processes
     register_env("ClosureCorridor-v0", lambda length=4: UserCorridor(length=length, max_steps=steps))
-    run = {**USER_RUN, "env.env_id": "ClosureCorridor-v0", "env.kwargs": {"length": 3}, "env.wrappers": []}
+    run = {**USER_RUN, "env.env_id": "ClosureCorridor-v0", "env.kwargs": {"length": 3}, "env.wrappers": [],
+           "stop_value": None, "max_envstep": 200}
     for pipeline in ("sync", "async"):
         cfg = make_config("cartpole_muzero", overrides={
             **run, "logging.output_dir": str(tmp_path), "exp_name": pipeline,
             "policy.async_pipeline.enabled": pipeline == "async",
         })  # fmt: skip
         rep = MemoryReporter()
-        assert train(cfg, reporter=rep).stop_reason == "stop_value", pipeline
+        summary = train(cfg, reporter=rep)
+        assert summary.stop_reason == "max_envstep" and summary.train_iter > 0 and rep.evals, pipeline
         assert env_spec("ClosureCorridor-v0", kwargs={"length": 3}).frame_shape == (4,)  # 3 cells, steps
     res = run_sweep("quickstart", name="closure_env", overrides={
-        **run, "tune.storage_path": str(tmp_path), "tune.mlflow": False, "stop_value": None,
-        "max_envstep": 300,
-    }, param_space_extra={"policy.async_pipeline.enabled": True, "seed": 0})  # fmt: skip
+        **run, "tune.storage_path": str(tmp_path), "tune.mlflow": False,
+    }, param_space_extra={"policy.async_pipeline.enabled": False, "seed": 0})  # fmt: skip
     (trial,) = list(res.results)
     assert trial.error is None and trial.metrics["eval_index"] >= 1
 
@@ -314,6 +318,6 @@ def test_a_grid_env_in_a_tune_trial(ray_cluster, tmp_path):
     res = run_sweep("quickstart", name="minatar", overrides={
         **SMOKE, "env.env_id": "MinAtar/Breakout-v1", "model.kind": "auto", "model.downsample": None,
         "tune.storage_path": str(tmp_path), "tune.mlflow": False,
-    }, param_space_extra={"policy.async_pipeline.enabled": True, "seed": 0})  # fmt: skip
+    }, param_space_extra={"policy.async_pipeline.enabled": False, "seed": 0})  # fmt: skip
     (trial,) = list(res.results)
     assert trial.error is None and trial.metrics["eval_index"] >= 1 and trial.metrics["train_iter"] > 0
