@@ -314,10 +314,18 @@ def run_cli(args: list[str], *, cwd, env: dict | None = None, timeout: float = 3
 
 @pytest.fixture(scope="session")
 def trained_run(tmp_path_factory):
-    """A tiny sync run trained through the CLI (seed 1, 300 env steps, 3 evaluations); copy it before
-    changing it. Returns its run folder (``<tmp>/runs/tiny``)."""
+    """A tiny sync run trained through the command line in this process (``muzero_tune.cli.main``; seed 1,
+    300 env steps, 3 evaluations); copy it before changing it. Returns its run folder
+    (``<tmp>/runs/tiny``)."""
+    import contextlib
+    import io
+
+    from muzero_tune.cli import main as cli_main
+
     root = tmp_path_factory.mktemp("cli_run")
-    res = run_cli(["train", *set_args({**CLI_SMALL, "seed": 1, "max_envstep": 300, "exp_name": "tiny",
-                                       "logging.output_dir": str(root / "runs")})], cwd=root)
-    assert res.returncode == 0, res.stderr
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        code = cli_main(["train", *set_args({**CLI_SMALL, "seed": 1, "max_envstep": 300, "exp_name": "tiny",
+                                             "logging.output_dir": str(root / "runs")})])
+    assert code == 0, err.getvalue()
     return str(root / "runs" / "tiny")

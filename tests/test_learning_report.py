@@ -110,8 +110,11 @@ def _cell(report, out, *extra):
 
 
 def test_a_cell_runs_the_pipeline_its_config_selects(report, ray_cluster, tmp_path):
+    # a quarter of a CPU per actor: the async run fits the tests' Ray (conftest's RAY_TEST_CPUS)
     rec = _cell(report, str(tmp_path / "rep"), "--set", "stop_value=1", "--set",
-                "policy.async_pipeline.enabled=true")
+                "policy.async_pipeline.enabled=true", "--set",
+                "policy.async_pipeline.collector_num_cpus=0.25", "--set",
+                "policy.async_pipeline.evaluator_num_cpus=0.25")
     assert rec["pipeline"] == "async" and rec["solved"]  # its segments in flight may pass max_envstep
 
 

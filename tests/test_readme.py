@@ -35,6 +35,12 @@ def test_the_readme_has_a_python_block_the_default_tests_run():
 
 @pytest.mark.parametrize("index", _block_params())
 def test_python_block_runs(index, tmp_path):
+    """Each README Python block runs in a fresh interpreter (the Tune block is slow).
+
+    Default-tier twin: tests/test_readme.py::test_python_block_runs[0] (a block run as a user runs it) and
+    tests/test_sweep_cli.py::test_a_grid_over_any_key_runs_a_trial_per_value_and_a_name_is_never_mixed (the
+    trainable under ``tune.Tuner`` with a grid over ``learn.learning_rate``, as the Tune block has it).
+    """
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled", "PYTHONPATH": ROOT}
     res = subprocess.run(
         [sys.executable, "-c", BLOCKS[index]],

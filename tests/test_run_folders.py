@@ -1,12 +1,17 @@
-"""Standalone run folders through the real CLI (subprocesses): resume continues the same run from its own
-config, runs never mix, a damaged newest checkpoint is skipped and named, writes are atomic under SIGKILL,
-training-episode returns are reported, and standalone runs log to MLflow for ``compare``.
+"""Standalone run folders through the command line: resume continues the same run from its own config, runs
+never mix, a damaged newest checkpoint is skipped and named, writes are atomic under SIGKILL, training-episode
+returns are reported, and standalone runs log to MLflow for ``compare``.
 
-One tiny trained run (``trained_run``, session fixture) is copied per test that changes it.
+The commands run in this process (``muzero_tune.cli.main``, what the ``muzero-tune`` entry point runs, with
+its exit status and output); only the SIGKILLed checkpoint writer, and the processes whose pids stand for a
+dead and a live run, are processes of their own. One tiny trained run (``trained_run``) is copied per test
+that changes it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -14,10 +19,27 @@ import signal
 import subprocess
 import sys
 
+# MLflow binds its log handler to the sys.stderr of its import: imported here, before a command's output is
+# captured (a captured stream is gone after it, and every later log line would fail on it)
+import mlflow  # noqa: F401
 import pytest
-from conftest import CLI_SMALL, run_cli, set_args
+from conftest import CLI_SMALL, set_args
 
+from muzero_tune.cli import main as cli_main
 from muzero_tune.runs.checkpoint import eval_checkpoints, find_checkpoint, load_checkpoint
+
+
+def run_cli(args: list[str], *, cwd) -> subprocess.CompletedProcess:
+    """``muzero-tune ARGS`` in this process, in folder ``cwd``: its exit status, stdout and stderr."""
+    out, err = io.StringIO(), io.StringIO()
+    old_cwd = os.getcwd()
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = cli_main(args)
+    finally:
+        os.chdir(old_cwd)
+    return subprocess.CompletedProcess(["muzero-tune", *args], code, out.getvalue(), err.getvalue())
 
 
 def rows(run: str) -> list[dict]:
@@ -289,7 +311,7 @@ def test_a_run_still_running_without_a_checkpoint_keeps_its_folder(tmp_path):
 def test_train_again_after_a_kill_before_the_first_checkpoint_takes_the_folder_over(tmp_path):
     """The command line, end to end: a run killed before its first checkpoint, then the same ``train``
     again, which says what it replaced and never offers a resume."""
-    overrides = {**CLI_SMALL, "exp_name": "again", "logging.output_dir": str(tmp_path), "max_envstep": 200}
+    overrides = {**CLI_SMALL, "exp_name": "again", "logging.output_dir": str(tmp_path), "max_envstep": 60}
     args = ["train", *set_args(overrides)]
     folder = str(tmp_path / "again")
     dead = subprocess.Popen([sys.executable, "-c", "pass"])

@@ -16,7 +16,7 @@ from muzero_tune.config import ConfigError, make_config
 TINY = {
     "model.hidden_dim": 32, "model.latent_dim": 16, "mcts.num_simulations": 4, "learn.batch_size": 32,
     "env.collector_env_num": 4, "env.evaluator_env_num": 2, "eval.n_episodes": 2, "eval.eval_freq": 20,
-    "replay.game_segment_length": 20, "max_envstep": 200, "stop_value": None, "logging.quiet": True,
+    "replay.game_segment_length": 20, "max_envstep": 60, "stop_value": None, "logging.quiet": True,
 }  # fmt: skip
 
 
@@ -47,13 +47,14 @@ def test_a_grid_over_any_key_runs_a_trial_per_value_and_a_name_is_never_mixed(ra
     assert cli_main(args) == 2
     err = capsys.readouterr().err
     assert "sweep 'lr' exists" in err and "muzero-tune resume" in err and "--overwrite" in err
-    # --overwrite: the old trials and their MLflow runs go; compare's experiment holds only the new sweep
-    again = _sweep_args(str(tmp_path), "--grid", "seed=5,6", "--name", "lr", "--overwrite")
+    # --overwrite (here a one-trial sweep): the old trials and their MLflow runs go; compare's experiment
+    # holds only the new sweep
+    again = _sweep_args(str(tmp_path), "--grid", "seed=5", "--name", "lr", "--overwrite")
     assert cli_main(again) == 0
-    assert sorted(p["seed"] for p in _trial_params(exp_dir)) == [5, 6]  # only the new sweep's trials
+    assert _trial_params(exp_dir) == [{"seed": 5}]  # only the new sweep's trial
     client = MlflowClient(default_tracking_uri(str(tmp_path)))
     active = client.search_runs([client.get_experiment_by_name("lr").experiment_id])
-    assert sorted(r.data.tags["seed"] for r in active) == ["5", "6"]
+    assert [r.data.tags["seed"] for r in active] == ["5"]
 
 
 def test_distributions_on_the_command_line_are_typed_and_checked_before_ray_starts():

@@ -4,9 +4,11 @@ The sweep (2 small trials, one sync and one async) runs in its own process and i
 session, so every process it leaves behind is found by session id and nothing else is touched. Each trial's
 process is frozen (SIGSTOP) once it has written 3 checkpoints, and the driver is SIGKILLed once the
 experiment state synced to storage has all the trials' reports, so the newest checkpoint Tune registered is
-that of the last report or, when Tune had not fetched that one yet, of the one before. The resumed sweep must
-finish every trial, each continuing from that checkpoint's counters with no gap in progress.csv, and reopen
-the one MLflow run of each trial.
+that of the last report or, when Tune had not fetched that one yet, of the one before. The sweep is resumed by
+``muzero-tune resume PATH`` in a new process of its own (in its own session too), started beside the sweep so
+that its interpreter and its Ray start meanwhile, and told to resume once the sweep is killed. The resumed
+sweep must finish every trial, each continuing from that checkpoint's counters with no gap in progress.csv,
+and reopen the one MLflow run of each trial.
 """
 
 from __future__ import annotations
@@ -147,7 +149,7 @@ def _freeze_at(exp_dir: str, session: int, checkpoints: int, proc: subprocess.Po
     that, and the reports of all but its last one have been fetched by Tune (a function trainable's report
     blocks until Tune asks for the next result), so the experiment state can catch up with them."""
     frozen: set[str] = set()
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + 300  # 40-70 s on 2 loaded cores, from the start of the sweep process
     while len(frozen) < 2:
         assert proc.poll() is None, f"the sweep ended unkilled: {open(log_path).read()[-5000:]}"
         assert time.monotonic() < deadline, f"not {checkpoints} checkpoints per trial: {_state(exp_dir)}"
@@ -183,7 +185,7 @@ def _wait_state_synced(exp_dir: str, proc: subprocess.Popen, steady_s: float = 2
         time.sleep(0.1)
 
 
-def test_sigkill_then_resume_continues_every_trial_from_its_newest_checkpoint(tmp_path):
+def test_sigkill_then_resume_continues_every_trial_from_its_newest_checkpoint(tmp_path, request):
     storage = tmp_path / "tune"
     name = "killed"
     exp_dir = os.path.join(str(storage), name)
@@ -194,6 +196,15 @@ def test_sigkill_then_resume_continues_every_trial_from_its_newest_checkpoint(tm
     log = open(tmp_path / "sweep.log", "w")
     proc = subprocess.Popen([sys.executable, HELPER, json.dumps(args)], stdout=log, stderr=subprocess.STDOUT,
                             env=_env(), cwd=str(tmp_path), start_new_session=True)
+    # the process that resumes the sweep: a new one with its own Ray, started beside the sweep so that its
+    # interpreter and its Ray start while the sweep runs; it reads nothing of the sweep until it is told to
+    # resume, after the kill
+    resume_log = open(tmp_path / "resume.log", "w")
+    resumer = subprocess.Popen([sys.executable, HELPER, "resume", exp_dir, "6"], stdin=subprocess.PIPE,
+                               stdout=resume_log, stderr=subprocess.STDOUT, env=_env(), cwd=str(tmp_path),
+                               start_new_session=True, text=True)  # fmt: skip
+    request.addfinalizer(lambda: (resumer.kill(), resumer.wait(), _kill_session(resumer.pid, before),
+                                  resume_log.close()))  # fmt: skip
     try:
         _freeze_at(exp_dir, proc.pid, 3, proc, tmp_path / "sweep.log")
         _wait_state_synced(exp_dir, proc)
@@ -225,19 +236,17 @@ def test_sigkill_then_resume_continues_every_trial_from_its_newest_checkpoint(tm
                        "id": st["trial_id"]}
         assert st["status"] == "RUNNING" and st["last_result"]["envstep"] < MAX_ENV_STEP  # killed mid-run
 
-    # resume in a new process (the CLI: muzero-tune resume PATH)
-    before = set(_proc_table())
-    with open(tmp_path / "resume.log", "w") as log:
-        cmd = [sys.executable, "-m", "muzero_tune.cli", "resume", exp_dir, "--num-cpus", "6"]
-        res = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_env(), cwd=str(tmp_path),
-                               start_new_session=True)
-        try:
-            rc = res.wait(timeout=240)
-        finally:
-            if res.poll() is None:
-                res.kill()
-                res.wait()
-            _kill_session(res.pid, before)
+    # resume in that new process (the CLI: muzero-tune resume PATH)
+    assert resumer.poll() is None, open(tmp_path / "resume.log").read()[-5000:]
+    resumer.stdin.write("resume\n")
+    resumer.stdin.close()
+    try:
+        rc = resumer.wait(timeout=300)  # 40-60 s on 2 loaded cores
+    finally:
+        if resumer.poll() is None:
+            resumer.kill()
+            resumer.wait()
+        _kill_session(resumer.pid, before)
     assert rc == 0, open(tmp_path / "resume.log").read()[-5000:]
 
     from mlflow.tracking import MlflowClient

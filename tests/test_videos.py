@@ -14,6 +14,10 @@ from muzero_tune.config import make_config
 
 pytest.importorskip("moviepy", reason="videos need the video extra (moviepy)")
 
+# a quarter of a CPU per actor: the async run fits the tests' Ray (conftest's RAY_TEST_CPUS)
+ACTOR_CPUS = {"policy.async_pipeline.collector_num_cpus": 0.25,
+              "policy.async_pipeline.evaluator_num_cpus": 0.25}
+
 TINY = {
     "model.hidden_dim": 32, "model.latent_dim": 16, "mcts.num_simulations": 4, "learn.batch_size": 32,
     "env.collector_env_num": 4, "env.evaluator_env_num": 2, "eval.n_episodes": 2, "eval.eval_freq": 10,
@@ -32,7 +36,9 @@ def _is_mp4(path: str) -> bool:
 
 
 @pytest.mark.parametrize("pipeline", ["sync", "async"])
-def test_every_second_evaluation_records_its_first_episode(pipeline, ray_cluster, tmp_path):
+def test_every_second_evaluation_records_its_first_episode(pipeline, tmp_path, request):
+    if pipeline == "async":
+        request.getfixturevalue("ray_cluster")  # the sync run starts no Ray
     from mlflow.tracking import MlflowClient
 
     from muzero_tune.api import train
@@ -41,7 +47,7 @@ def test_every_second_evaluation_records_its_first_episode(pipeline, ray_cluster
 
     cfg = make_config("cartpole_muzero", overrides={
         **TINY, "eval.video_every": 2, "logging.output_dir": str(tmp_path), "exp_name": pipeline,
-        "logging.mlflow": True, "policy.async_pipeline.enabled": pipeline == "async",
+        "logging.mlflow": True, "policy.async_pipeline.enabled": pipeline == "async", **ACTOR_CPUS,
     })  # fmt: skip
     summary = train(cfg, reporter=default_reporter(cfg))
     n_evals = len(summary.evals)
@@ -60,7 +66,7 @@ def test_eval_video_writes_the_episodes_and_reproduces_the_reward(tmp_path, caps
     from muzero_tune.runs.reporter import default_reporter
 
     cfg = make_config("cartpole_muzero", overrides={**TINY, "logging.output_dir": str(tmp_path),
-                                                    "exp_name": "r"})  # fmt: skip
+                                                    "exp_name": "r", "max_envstep": 100})  # fmt: skip
     train(cfg, reporter=default_reporter(cfg))
     capsys.readouterr()
     out_dir = str(tmp_path / "vids")
