@@ -70,15 +70,15 @@ def pytest_cmdline_main(config):
         config.option.loadscopereorder = False
 
 
-# The files that take longest under `-n 2` (over 50 s each, most of it Ray actors and Tune trials), longest
+# The files that take longest under `-n 2` (over 35 s each, most of it Ray actors and Tune trials), longest
 # first. Under xdist they are handed out before the rest, so the two workers finish together (the longest
 # first is the usual greedy schedule); handed out by their number of tests (xdist's default), the long files
 # with few tests came last and one worker ended well after the other. A file missing here runs after these,
 # in collection order; the order changes no test's outcome.
 LONGEST_FILES_FIRST = (
-    "test_every_policy_type.py", "test_user_envs.py", "test_async_pipeline.py", "test_async_faults.py",
-    "test_tune.py", "test_learner_group.py", "test_tune_restore.py", "test_run_folders.py",
-    "test_sweep_cli.py",
+    "test_every_policy_type.py", "test_async_faults.py", "test_tune.py", "test_learner_group.py",
+    "test_tune_restore.py", "test_async_pipeline.py", "test_compiled_loss.py", "test_user_envs.py",
+    "test_pipeline_resume.py", "test_config_walk.py",
 )  # fmt: skip
 
 

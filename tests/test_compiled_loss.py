@@ -54,10 +54,13 @@ def _core(policy_type: str, compile_mode: str, **over) -> DriverCore:
     return core
 
 
-def _compare_with_eager(policy_type: str, compile_mode: str = "default", **over) -> tuple[DriverCore, list]:
-    """STEPS train steps of an eager and a compiled driver from the same seed on the same data: the
-    compiled one's weights, target network and priorities equal the eager one's within the tolerances."""
-    eager, compiled = _core(policy_type, "off"), _core(policy_type, compile_mode, **over)
+def _compare_with_eager(policy_type: str, compile_mode: str = "default", *, both: dict | None = None,
+                        **over) -> tuple[DriverCore, list]:
+    """STEPS train steps of an eager and a compiled driver from the same seed on the same data (``both``:
+    settings of the two, ``over``: of the compiled one): the compiled one's weights, target network and
+    priorities equal the eager one's within the tolerances."""
+    both = both or {}
+    eager, compiled = _core(policy_type, "off", **both), _core(policy_type, compile_mode, **both, **over)
     before = {k: v.clone() for k, v in compiled.learner.model.state_dict().items()}
     outs = [(eager.train_step(), compiled.train_step()) for _ in range(STEPS)]
     for a, b in outs:
@@ -95,8 +98,8 @@ def test_a_compiled_loss_trains_as_the_eager_one():
 
     # two unrolled steps: the loop's graph as at any K, in a shorter compile (every type at its preset K:
     # test_every_policy_types_compiled_loss_trains_as_its_eager_one)
-    compiled, outs = _compare_with_eager("muzero", **{"learn.compile_optimizer_step": True,
-                                                      "replay.num_unroll_steps": 2})
+    compiled, outs = _compare_with_eager("muzero", both={"replay.num_unroll_steps": 2},
+                                         **{"learn.compile_optimizer_step": True})
     assert compiled.learner.compiled_loss.compiled and compiled.learner.compiled_optimizer_step.compiled
     assert outs[-1][1].metrics["train/compile_s"] > 0 and "train/compile_s" not in outs[-1][0].metrics
     # the loss is one graph from the observations to the priorities, with no break (a break would have
