@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -312,20 +313,50 @@ def run_cli(args: list[str], *, cwd, env: dict | None = None, timeout: float = 3
                           capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.fixture(scope="session")
-def trained_run(tmp_path_factory):
-    """A tiny sync run trained through the command line in this process (``muzero_tune.cli.main``; seed 1,
-    300 env steps, 3 evaluations); copy it before changing it. Returns its run folder
-    (``<tmp>/runs/tiny``)."""
+def cli_in_process(args: list[str], *, cwd: str) -> subprocess.CompletedProcess:
+    """``muzero_tune.cli.main(args)`` in ``cwd`` as the entry point would run it: the exit status (``main``'s
+    return value or argparse's ``SystemExit``), stdout, and stderr with every warning raised meanwhile and the
+    traceback of an escaping exception (exit status 1) in it, as the interpreter would print them."""
     import contextlib
     import io
+    import traceback
+    import warnings
 
-    from muzero_tune.cli import main as cli_main
+    import torch
 
+    from muzero_tune import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    old_cwd, threads = os.getcwd(), torch.get_num_threads()
+    os.chdir(cwd)
+    try:
+        with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(out), \
+                contextlib.redirect_stderr(err):
+            warnings.simplefilter("always")
+            for hidden in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+                warnings.simplefilter("ignore", hidden)  # the interpreter's default filters hide these
+            try:
+                code = cli.main(args)
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            except Exception:  # noqa: BLE001 - a bug: the interpreter would print it and exit 1
+                traceback.print_exc(file=err)
+                code = 1
+        for w in caught:
+            err.write(warnings.formatwarning(w.message, w.category, w.filename, w.lineno, w.line))
+    finally:
+        os.chdir(old_cwd)
+        torch.set_num_threads(threads)  # `eval` sets one thread for its process
+    return subprocess.CompletedProcess(["muzero-tune", *args], code, out.getvalue(), err.getvalue())
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory):
+    """A tiny sync run trained through the command line in this process (:func:`cli_in_process`; seed 1,
+    300 env steps, 3 evaluations); copy it before changing it. Returns its run folder
+    (``<tmp>/runs/tiny``)."""
     root = tmp_path_factory.mktemp("cli_run")
-    err = io.StringIO()
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
-        code = cli_main(["train", *set_args({**CLI_SMALL, "seed": 1, "max_envstep": 300, "exp_name": "tiny",
-                                             "logging.output_dir": str(root / "runs")})])
-    assert code == 0, err.getvalue()
+    res = cli_in_process(["train", *set_args({**CLI_SMALL, "seed": 1, "max_envstep": 300, "exp_name": "tiny",
+                                              "logging.output_dir": str(root / "runs")})], cwd=str(root))
+    assert res.returncode == 0, res.stderr
     return str(root / "runs" / "tiny")

@@ -17,6 +17,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from conftest import ACTOR_CPUS, set_args
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts")
 SCRIPT = os.path.join(SCRIPTS, "atari_muzero_segment_async_config.py")
@@ -28,8 +29,7 @@ UNIZERO_SCRIPT = os.path.join(SCRIPTS, "atari_unizero_segment_async_config.py")
 SHORT = ["--set", "max_envstep=200", "--set", "learn.train_start_after_envsteps=100",
          "--set", "eval.max_episode_steps=50"]  # fmt: skip
 # a quarter of a CPU per actor: the async run fits the tests' Ray (conftest's RAY_TEST_CPUS)
-ACTOR_CPUS = ["--set", "policy.async_pipeline.collector_num_cpus=0.25",
-              "--set", "policy.async_pipeline.evaluator_num_cpus=0.25"]  # fmt: skip
+ACTOR_ARGS = set_args(ACTOR_CPUS)
 
 
 def run_script(args: list[str], capsys, monkeypatch) -> tuple[int, str, str]:
@@ -70,7 +70,7 @@ def test_pong_smoke_run_writes_loadable_checkpoints(pipeline, tmp_path, capsys, 
     args = [SCRIPT, "--env", "ALE/Pong-v5", "--seed", "0", "--smoke",
             "--set", f"logging.output_dir={tmp_path}", *SHORT]
     if pipeline == "async":
-        args += ["--async-pipeline", *ACTOR_CPUS]
+        args += ["--async-pipeline", *ACTOR_ARGS]
     code, out, err = run_script(args, capsys, monkeypatch)
     assert code == 0, out[-3000:] + err[-3000:]
     assert f"ALE/Pong-v5 {pipeline}: stopped (max_envstep)" in out
@@ -107,7 +107,7 @@ def test_unizero_pong_smoke_run_and_its_one_line_errors(pipeline, tmp_path, caps
     args = [UNIZERO_SCRIPT, "--env", "ALE/Pong-v5", "--seed", "0", "--smoke",
             "--set", f"logging.output_dir={tmp_path}", *SHORT]
     if pipeline == "async":
-        args += ["--async-pipeline", *ACTOR_CPUS]
+        args += ["--async-pipeline", *ACTOR_ARGS]
     code, out, err = run_script(args, capsys, monkeypatch)
     assert code == 0, out[-3000:] + err[-3000:]
     assert f"ALE/Pong-v5 {pipeline}: stopped (max_envstep)" in out

@@ -13,26 +13,20 @@ bug's traceback (what the interpreter prints for an escaping exception). (An unk
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 import shutil
 import subprocess
 import sys
-import traceback
-import warnings
 
 # MLflow binds its log handler to the sys.stderr of its import: imported here, before a test captures stderr
 import mlflow  # noqa: F401
 import pytest
 import torch
-from conftest import CLI_SMALL, run_cli, set_args
+from conftest import ACTOR_CPUS, CLI_SMALL, cli_in_process, run_cli, set_args
 
 from muzero_tune.cli import main as cli_main
 
 # a quarter of a CPU per actor: the async run fits the tests' Ray (conftest's RAY_TEST_CPUS)
-ACTOR_CPUS = {"policy.async_pipeline.collector_num_cpus": 0.25,
-              "policy.async_pipeline.evaluator_num_cpus": 0.25}
 
 # (id, args (with {run}, {ckpt1}, {dir} placeholders), how it runs, what the one line must contain); how it
 # runs: None in this process, "process" the real CLI in a subprocess, "ale_stub" that with ale-py and Box2D
@@ -195,44 +189,12 @@ def results(trained_run, tmp_path_factory):
     for name, args, how, _ in CASES:
         args = [_sub(a, subs) for a in args]
         if how is None:
-            out[name] = _main_in_process(args, cwd=d)
+            out[name] = cli_in_process(args, cwd=d)
         else:
             env = {"PYTHONPATH": os.path.join(d, "ale_stub") + os.pathsep + os.environ.get("PYTHONPATH", "")}
             out[name] = run_cli(args, cwd=d, env=env if how == "ale_stub" else None, timeout=120)
     out["_ckpt_files"] = (before, sorted(os.listdir(os.path.join(trained_run, "ckpt"))))
     return out
-
-
-def _main_in_process(args: list[str], *, cwd: str) -> subprocess.CompletedProcess:
-    """``muzero_tune.cli.main(args)`` in ``cwd`` as the entry point would run it: the exit status (``main``'s
-    return value or argparse's ``SystemExit``), stdout, and stderr with every warning raised meanwhile and the
-    traceback of an escaping exception (exit status 1) in it, as the interpreter would print them."""
-    import torch
-
-    from muzero_tune import cli
-
-    out, err = io.StringIO(), io.StringIO()
-    old_cwd, threads = os.getcwd(), torch.get_num_threads()
-    os.chdir(cwd)
-    try:
-        with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(out), \
-                contextlib.redirect_stderr(err):
-            warnings.simplefilter("always")
-            for hidden in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
-                warnings.simplefilter("ignore", hidden)  # the interpreter's default filters hide these
-            try:
-                code = cli.main(args)
-            except SystemExit as e:
-                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-            except Exception:  # noqa: BLE001 - a bug: the interpreter would print it and exit 1
-                traceback.print_exc(file=err)
-                code = 1
-        for w in caught:
-            err.write(warnings.formatwarning(w.message, w.category, w.filename, w.lineno, w.line))
-    finally:
-        os.chdir(old_cwd)
-        torch.set_num_threads(threads)  # `eval` sets one thread for its process
-    return subprocess.CompletedProcess(["muzero-tune", *args], code, out.getvalue(), err.getvalue())
 
 
 def _sub(arg: str, subs: dict) -> str:

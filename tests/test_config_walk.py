@@ -77,8 +77,6 @@ TINY = {
 }
 
 ASYNC = "policy.async_pipeline."
-# the async pipeline on the tests' Ray cluster: a quarter CPU per actor, so a run (driver 1 + 0.5) fits it
-ASYNC_ON = {ASYNC + "enabled": True, ASYNC + "collector_num_cpus": 0.25, ASYNC + "evaluator_num_cpus": 0.25}
 
 # keys a tiny sync run reads only with another setting that switches their code on
 ENABLED_BY = {

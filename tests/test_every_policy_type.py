@@ -27,6 +27,7 @@ from functools import partial
 import gymnasium as gym
 import pytest
 import torch
+from conftest import ACTOR_CPUS
 
 from muzero_tune.config import make_config, to_flat_dict
 from muzero_tune.pipeline.core import EVAL_SEED_OFFSET
@@ -45,8 +46,7 @@ TINY = {
     "env.collector_env_num": 4, "env.evaluator_env_num": 2, "eval.n_episodes": 2, "eval.eval_freq": 25,
     "replay.game_segment_length": 20, "max_envstep": 200, "stop_value": None, "logging.quiet": True,
     "seed": SEED,
-    # an async trial's actors at a quarter CPU each: the trial (1 + 0.25 + 0.25) fits the test cluster
-    "policy.async_pipeline.collector_num_cpus": 0.25, "policy.async_pipeline.evaluator_num_cpus": 0.25,
+    **ACTOR_CPUS,  # an async trial (1 + 0.25 + 0.25 CPUs) fits the test cluster
 }
 # a smaller world model for the transformer types (their preset's E = 64 costs several times a step at 32)
 SMALLER = {t: {"policy.world_model_embed_dim": 32} for t in ("unizero", "sampled_unizero")}

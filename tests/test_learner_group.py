@@ -9,6 +9,7 @@ import signal
 import numpy as np
 import pytest
 import torch
+from conftest import ACTOR_CPUS
 
 from muzero_tune.config import make_config
 from muzero_tune.distributed.learner_group import LearnerFailureError, LearnerGroup, shard_batch
@@ -23,8 +24,7 @@ SMALL = {
     "env.collector_env_num": 4, "env.evaluator_env_num": 2, "eval.n_episodes": 2, "eval.eval_freq": 20,
     "replay.game_segment_length": 20, "logging.quiet": True, "stop_value": None,
     # a run with its actors and two learners fits the test cluster: 1 + 0.25 + 0.25 + 2 x 0.5 CPUs
-    "policy.async_pipeline.collector_num_cpus": 0.25, "policy.async_pipeline.evaluator_num_cpus": 0.25,
-    "learn.learner_resources": {"CPU": 0.5},
+    **ACTOR_CPUS, "learn.learner_resources": {"CPU": 0.5},
 }  # fmt: skip
 # float32 sums over 32 rows, or over two 16-row halves averaged by the all-reduce, differ in their last bits;
 # after Adam's steps the parameters, its moments and the priorities agree to these
@@ -153,9 +153,7 @@ TINY = {
     "mcts.num_simulations": 4, "learn.batch_size": 16, "env.collector_env_num": 2, "env.evaluator_env_num": 1,
     "eval.n_episodes": 1, "eval.eval_freq": 10, "replay.game_segment_length": 20, "max_envstep": 120,
     "stop_value": None, "logging.quiet": True, "learn.num_learners": 2,
-    "policy.async_pipeline.num_collector_actors": 1,
-    "policy.async_pipeline.collector_num_cpus": 0.25, "policy.async_pipeline.evaluator_num_cpus": 0.25,
-    "learn.learner_resources": {"CPU": 0.5},
+    "policy.async_pipeline.num_collector_actors": 1, **ACTOR_CPUS, "learn.learner_resources": {"CPU": 0.5},
 }  # fmt: skip
 
 

@@ -8,6 +8,7 @@ import json
 import os
 
 import pytest
+from conftest import ACTOR_CPUS, set_args
 
 SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts",
                       "learning_report.py")
@@ -112,9 +113,7 @@ def _cell(report, out, *extra):
 def test_a_cell_runs_the_pipeline_its_config_selects(report, ray_cluster, tmp_path):
     # a quarter of a CPU per actor: the async run fits the tests' Ray (conftest's RAY_TEST_CPUS)
     rec = _cell(report, str(tmp_path / "rep"), "--set", "stop_value=1", "--set",
-                "policy.async_pipeline.enabled=true", "--set",
-                "policy.async_pipeline.collector_num_cpus=0.25", "--set",
-                "policy.async_pipeline.evaluator_num_cpus=0.25")
+                "policy.async_pipeline.enabled=true", *set_args(ACTOR_CPUS))
     assert rec["pipeline"] == "async" and rec["solved"]  # its segments in flight may pass max_envstep
 
 

@@ -10,8 +10,6 @@ that changes it.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import shutil
@@ -23,23 +21,11 @@ import sys
 # captured (a captured stream is gone after it, and every later log line would fail on it)
 import mlflow  # noqa: F401
 import pytest
-from conftest import CLI_SMALL, set_args
+from conftest import CLI_SMALL, cli_in_process, set_args
 
-from muzero_tune.cli import main as cli_main
 from muzero_tune.runs.checkpoint import eval_checkpoints, find_checkpoint, load_checkpoint
 
-
-def run_cli(args: list[str], *, cwd) -> subprocess.CompletedProcess:
-    """``muzero-tune ARGS`` in this process, in folder ``cwd``: its exit status, stdout and stderr."""
-    out, err = io.StringIO(), io.StringIO()
-    old_cwd = os.getcwd()
-    os.chdir(cwd)
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = cli_main(args)
-    finally:
-        os.chdir(old_cwd)
-    return subprocess.CompletedProcess(["muzero-tune", *args], code, out.getvalue(), err.getvalue())
+run_cli = cli_in_process  # muzero-tune in this process: its exit status, stdout and stderr
 
 
 def rows(run: str) -> list[dict]:

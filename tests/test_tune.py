@@ -13,6 +13,7 @@ import glob
 import os
 
 import pytest
+from conftest import ACTOR_CPUS
 
 from muzero_tune.config import ConfigError, make_config, to_flat_dict
 from muzero_tune.pipeline.core import EVAL_SEED_OFFSET, setup_torch_threads
@@ -32,7 +33,7 @@ def tiny(storage, **extra) -> dict:
         "replay.game_segment_length": 20, "max_envstep": 600, "stop_value": None, "logging.quiet": True,
         "tune.storage_path": str(storage),
         # an async trial is 1 + 0.25 + 0.25 CPUs: two fit the test cluster side by side
-        AP + "collector_num_cpus": 0.25, AP + "evaluator_num_cpus": 0.25, **extra,
+        **ACTOR_CPUS, **extra,
     }
 
 

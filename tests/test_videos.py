@@ -8,6 +8,7 @@ import json
 import os
 
 import pytest
+from conftest import ACTOR_CPUS
 
 from muzero_tune.cli import main as cli_main
 from muzero_tune.config import make_config
@@ -15,8 +16,6 @@ from muzero_tune.config import make_config
 pytest.importorskip("moviepy", reason="videos need the video extra (moviepy)")
 
 # a quarter of a CPU per actor: the async run fits the tests' Ray (conftest's RAY_TEST_CPUS)
-ACTOR_CPUS = {"policy.async_pipeline.collector_num_cpus": 0.25,
-              "policy.async_pipeline.evaluator_num_cpus": 0.25}
 
 TINY = {
     "model.hidden_dim": 32, "model.latent_dim": 16, "mcts.num_simulations": 4, "learn.batch_size": 32,
