@@ -45,7 +45,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "stop_value": 195.0,
     },
     # The other discrete policy types on CartPole: the MuZero preset with the type switched (see below).
-    # Atari Pong with the reference system's settings (spec section 4.1; reference notes section 2).
+    # Atari Pong at the reference settings (docs/atari-and-gpus.md: 64x64 grayscale frames, stack 4, ...).
     "pong_muzero": {
         "exp_name": "pong_muzero",
         "env.env_id": "ALE/Pong-v5",

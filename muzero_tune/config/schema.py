@@ -351,7 +351,7 @@ class EvalConfig:
 
 @dataclass(frozen=True)
 class AsyncPipelineConfig:
-    """``policy.async_pipeline``: the async segment pipeline (spec section 4.2); defaults are the spec's."""
+    """``policy.async_pipeline``: the async segment pipeline (docs/distributed.md)."""
 
     enabled: bool = param(False, "run the async pipeline (Ray actors); --async-pipeline sets it")
     num_collector_actors: int = param(1, "collector actors", ge=1, le=1024)

@@ -1,4 +1,4 @@
-"""Reporters: how a driver hands its progress and evaluations to its host (DESIGN seam 8).
+"""Reporters: how a driver hands its progress and evaluations to its host (a run folder, Tune, memory).
 
 The drivers call ``on_progress`` (often) and ``on_eval`` (every evaluation, with the exact evaluated
 snapshot and a callable returning the resume state). Standalone, :class:`StandaloneReporter` prints a
